@@ -40,3 +40,10 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if "gpu" in item.keywords:
       item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def embedded_model():
+  """The embedded SmolLM2-135M-Instruct `(model, tokenizer)`, loaded once per test session."""
+  from leap_jax.models import load_pretrained
+  return load_pretrained("smollm2-135m-instruct")

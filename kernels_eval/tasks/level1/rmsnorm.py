@@ -1,0 +1,105 @@
+"""Level 1: RMS normalisation."""
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+ID = "rmsnorm"
+LEVEL = 1
+SPLIT = "eval"
+FAMILY = "norm"
+STATEMENT = (
+    "RMS normalisation over each row with eps = 1e-6: out[i, j] = x[i, j] / sqrt(mean_k x[i, k]^2 + "
+    "eps) * w[j]. x is (M, N), w is (N,), both float32; out is (M, N)."
+)
+DIMS = {
+    "check": [{"M": 50, "N": 300}, {"M": 40, "N": 128}],
+    "timing": {"M": 8192, "N": 2048},
+}
+INPUTS = [
+    {"name": "x", "shape": ["M", "N"], "dtype": "float32", "dist": {"kind": "normal"}},
+    {"name": "w", "shape": ["N"], "dtype": "float32", "dist": {"kind": "normal"}},
+]
+
+
+def reference(x, w):
+  ms = jnp.mean(jnp.square(x), axis=1, keepdims=True)
+  return x * lax.rsqrt(ms + 1e-6) * w
+
+
+SOLUTIONS = {
+    "pallas": """
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+
+def kernel(x_ref, w_ref, o_ref, *, m, n):
+  bm, bn = x_ref.shape
+  rows = pl.program_id(0) * bm + jnp.arange(bm)
+  cols = jnp.arange(bn)
+  mask = (rows[:, None] < m) & (cols[None, :] < n)
+  x = plt.load(x_ref, mask=mask, other=0.0)
+  w = plt.load(w_ref, mask=cols < n, other=0.0)
+  ms = jnp.sum(x * x, axis=1, keepdims=True) / n
+  out = x * jax.lax.rsqrt(ms + 1e-6) * w[None, :]
+  plt.store(o_ref, out, mask=mask)
+
+
+def solution(x, w):
+  m, n = x.shape
+  bn = pl.next_power_of_2(n)
+  bm = max(1, min(16, 4096 // bn))
+  return pl.pallas_call(
+      functools.partial(kernel, m=m, n=n),
+      out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+      grid=(pl.cdiv(m, bm),),
+      in_specs=[pl.BlockSpec((bm, bn), lambda i: (i, 0))] + [pl.BlockSpec((bn,), lambda i: (0,))] * 1,
+      out_specs=pl.BlockSpec((bm, bn), lambda i: (i, 0)),
+  )(x, w)
+""",
+    "cuda": """
+#include <cuda_runtime.h>
+#include <math.h>
+
+__device__ float block_sum(float v, float* buf) {
+  buf[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) buf[threadIdx.x] += buf[threadIdx.x + s];
+    __syncthreads();
+  }
+  float r = buf[0];
+  __syncthreads();
+  return r;
+}
+
+__device__ float block_max(float v, float* buf) {
+  buf[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) buf[threadIdx.x] = fmaxf(buf[threadIdx.x], buf[threadIdx.x + s]);
+    __syncthreads();
+  }
+  float r = buf[0];
+  __syncthreads();
+  return r;
+}
+
+__global__ void row_kernel(const float* x, const float* w, float* out, int N) {
+  __shared__ float buf[256];
+  const float* row = x + (size_t)blockIdx.x * N;
+  float* orow = out + (size_t)blockIdx.x * N;
+  float q = 0.0f;
+  for (int j = threadIdx.x; j < N; j += blockDim.x) q += row[j] * row[j];
+  float inv = rsqrtf(block_sum(q, buf) / N + 1e-6f);
+  for (int j = threadIdx.x; j < N; j += blockDim.x) orow[j] = row[j] * inv * w[j];
+}
+
+extern "C" void solution(const float* x, const float* w, float* out, int M, int N, cudaStream_t stream) {
+  row_kernel<<<M, 256, 0, stream>>>(x, w, out, N);
+}
+""",
+}
