@@ -51,7 +51,7 @@ def solution(x):
       functools.partial(kernel, m=m, n=n),
       out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
       grid=(pl.cdiv(m, bm), pl.cdiv(n, bn)),
-      in_specs=[spec] * 1,
+      in_specs=[spec],
       out_specs=spec,
   )(x)
 """,
@@ -99,7 +99,7 @@ def solution(x):
       functools.partial(kernel, m=m, n=n),
       out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
       grid=(pl.cdiv(m, bm), pl.cdiv(n, bn)),
-      in_specs=[spec] * 1,
+      in_specs=[spec],
       out_specs=spec,
   )(x)
 """,
