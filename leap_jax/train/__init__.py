@@ -1,0 +1,1 @@
+"""Learner side of training: policy-gradient objective, optimiser, sharded train step, checkpoints."""
