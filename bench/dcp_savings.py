@@ -1,0 +1,58 @@
+"""Cost of DCP: the same config, seed and steps under `leap`, `leap_no_dcp` and `grpo_mt`.
+
+  python bench/dcp_savings.py --config configs/default.py [--config.steps=3 ...]
+
+Prints per step the generated rows and tokens, evaluator calls and wall time of each method, the
+ratios leap / other, and at the end the held-out Acc@1 and Acc@T of each (launch/eval.py's
+evaluation). Each method trains in `<workdir>/dcp_savings/<method>` from the same starting policy
+(the SFT checkpoint is trained once, in `<workdir>/sft`, when `sft.enabled`).
+"""
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from leap_jax.train import loop  # noqa: E402
+from leap_jax.train import sft  # noqa: E402
+
+METHODS = ("leap", "leap_no_dcp", "grpo_mt")
+COLUMNS = ("generated_rows", "generated_tokens", "evaluator_calls", "time_step_s")
+
+
+def main(argv):
+  base = loop.parse_config(argv)
+  if base.sft.enabled and not loop.has_sft_checkpoint(base):
+    sft.cold_start(base, echo=lambda s: print(s, flush=True))
+  histories, accuracy = {}, {}
+  for method in METHODS:
+    cfg = base.copy_and_resolve_references()
+    cfg.method = method
+    cfg.sft.checkpoint_dir = str(loop.sft_dir(base))
+    cfg.workdir = str(loop.workdir(base) / "dcp_savings" / method)
+    cfg.precheck.enabled = False
+    cfg.heldout.at_end = False
+    print(f"== {method}", flush=True)
+    histories[method] = loop.train(cfg, echo=lambda s: print(s, flush=True)).history
+    accuracy[method] = loop.evaluate_checkpoint(cfg, echo=lambda s: print(s, flush=True))
+
+  print("\nper step: " + ", ".join(COLUMNS))
+  for step in range(min(len(h) for h in histories.values())):
+    cells = []
+    for method in METHODS:
+      m = histories[method][step]
+      cells.append(f"{method} " + "/".join(f"{m[c]:.0f}" for c in COLUMNS))
+    print(f"step {step + 1}: " + " | ".join(cells))
+  totals = {method: {c: sum(m[c] for m in histories[method]) for c in COLUMNS} for method in METHODS}
+  print("\ntotals and ratios leap / other")
+  for method in METHODS:
+    line = ", ".join(f"{c}={totals[method][c]:.0f}" for c in COLUMNS)
+    if method != "leap":
+      line += "; ratio " + ", ".join(f"{c}={totals['leap'][c] / max(totals[method][c], 1e-9):.2f}" for c in COLUMNS)
+    print(f"{method}: {line}")
+  turns = base.heldout.num_turns
+  print("\nheld-out: " + " | ".join(f"{method} Acc@1={accuracy[method]['Acc@1']:.3f} "
+                                     f"Acc@{turns}={accuracy[method][f'Acc@{turns}']:.3f}" for method in METHODS))
+
+
+if __name__ == "__main__":
+  main(sys.argv)

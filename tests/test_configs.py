@@ -1,0 +1,77 @@
+"""Configs: overrides and their errors, and dry runs of the GPU configs that allocate nothing."""
+import jax
+import pytest
+from absl import flags
+
+from configs import default, h200, multihost, smoke
+from leap_jax.rollout import methods
+from leap_jax.train import loop
+
+
+def _parse(*overrides, config="configs/smoke.py"):
+  return loop.parse_config(["launch/train.py", "--config", config, *overrides], flag_values=flags.FlagValues())
+
+
+def test_overrides_apply():
+  cfg = _parse("--config.rollout.group_size=3", "--config.method=grpo_mt")
+  assert cfg.rollout.group_size == 3 and cfg.method == "grpo_mt"
+
+
+def test_unknown_field_is_an_error_naming_it():
+  with pytest.raises(SystemExit, match="unknown config field 'rollout.nope'"):
+    _parse("--config.rollout.nope=1")
+  with pytest.raises(SystemExit, match="unknown config field 'stepz'"):
+    _parse("--config.stepz=1")
+
+
+def test_bad_value_is_an_error_naming_the_flag():
+  with pytest.raises(SystemExit, match="config.steps=abc"):
+    _parse("--config.steps=abc")
+
+
+def test_every_config_names_a_known_method_and_default_is_leap():
+  for module in (default, smoke, h200, multihost):
+    assert module.get_config().method in methods.METHODS
+  assert default.get_config().method == "leap"
+
+
+def _live_bytes():
+  return sum(a.nbytes for a in jax.live_arrays())
+
+
+@pytest.mark.parametrize("module, mesh", [(h200, {"data": 1, "fsdp": 8, "tensor": 1}),
+                                          (multihost, {"data": 8, "fsdp": 1, "tensor": 1})])
+def test_gpu_configs_dry_run_without_allocating(module, mesh):
+  cfg = module.get_config()
+  before = _live_bytes()
+  summary = loop.dry_run(cfg)
+  assert _live_bytes() - before < 1 << 20  # a 1.5B-parameter train state would be ~18 GB
+  assert summary["mesh"] == mesh
+  assert 1.4e9 < summary["params"] < 1.7e9  # Qwen2.5-1.5B
+  assert summary["state_bytes"] > 3 * 4 * summary["params"]  # fp32 params + two Adam moments
+  rows, length = summary["batch"]
+  assert rows % 8 == 0 and rows >= cfg.rollout.num_problems * cfg.rollout.group_size
+  assert length == cfg.rollout.max_context_len
+  assert summary["tasks"] > 0
+  assert multihost.get_config().distributed.enabled and not h200.get_config().distributed.enabled
+
+
+def test_default_config_dry_run_matches_the_embedded_model():
+  summary = loop.dry_run(default.get_config())
+  assert 1.3e8 < summary["params"] < 1.4e8  # SmolLM2-135M
+  assert summary["mesh"] is None
+
+
+def test_dry_run_rejects_bad_values():
+  cfg = smoke.get_config()
+  cfg.method = "ppo"
+  with pytest.raises(ValueError, match="unknown method 'ppo'"):
+    loop.dry_run(cfg)
+  cfg = smoke.get_config()
+  cfg.rollout.context = "everything"
+  with pytest.raises(ValueError, match="rollout.context 'everything'"):
+    loop.dry_run(cfg)
+  cfg = smoke.get_config()
+  cfg.tasks.ids = ("no_such_task",)
+  with pytest.raises(ValueError, match="no_such_task"):
+    loop.dry_run(cfg)

@@ -1,0 +1,120 @@
+"""Method table, keep rules and credit assignment; task-pool order and resumption."""
+import numpy as np
+import pytest
+
+from leap_jax.rollout import methods
+from leap_jax.rollout.task_pool import TaskPool
+
+
+def _outcomes(first_pass, num_turns):
+  """success[P,G,T] and keep[P,G,T] for samples that stop at their first pass (0 = never passes)."""
+  first_pass = np.asarray(first_pass)
+  turns = np.arange(1, num_turns + 1)
+  success = (first_pass[..., None] == turns)
+  stop = np.where(first_pass == 0, num_turns, first_pass)
+  keep = turns <= stop[..., None]
+  return success, keep
+
+
+def test_leap_credit_matches_paper_example():
+  # G=8, first-pass turns [1, 2, F x 6] -> rank rewards [1, 5/7, -2/7 x 6].
+  success, keep = _outcomes([[1, 2, 0, 0, 0, 0, 0, 0]], 3)
+  valid = np.ones((1, 8), bool)
+  out = methods.credit(methods.get_method("leap"), success, keep, valid, np.full(success.shape, np.nan))
+  np.testing.assert_allclose(out.reward[0], [1, 5 / 7] + [-2 / 7] * 6, atol=1e-6)
+  # gamma = 1: the turn-2 solver's positive credit reaches its turn 1 undiscounted.
+  np.testing.assert_allclose(out.advantages[0, 1], [5 / 7, 5 / 7, 0], atol=1e-6)
+  np.testing.assert_allclose(out.advantages[0, 2], [-2 / 7] * 3, atol=1e-6)
+  np.testing.assert_array_equal(out.level[0], [1, 2] + [4] * 6)
+
+
+def test_grpo_mt_broadcasts_group_advantage_to_kept_turns():
+  success, keep = _outcomes([[1, 3, 0, 0]], 3)
+  out = methods.credit(methods.get_method("grpo_mt"), success, keep, np.ones((1, 4), bool),
+                       np.full(success.shape, np.nan))
+  np.testing.assert_array_equal(out.reward[0], [1, 1, 0, 0])
+  a = out.advantages[0]
+  assert a[0, 0] > 0 and a[0, 1] == 0  # solved at turn 1: one kept turn
+  np.testing.assert_allclose(a[1], [a[1, 0]] * 3)  # same value on every kept turn
+  assert a[2, 0] < 0 and np.allclose(a[2], a[3])
+
+
+def test_kevin_without_timings_is_correctness_only_and_normalised_per_task():
+  success = np.zeros((1, 2, 2), bool)
+  success[0, 0, 1] = True
+  keep = np.ones_like(success)
+  m = methods.get_method("kevin")
+  scores = methods.turn_scores(m, success, np.full(success.shape, np.nan))
+  np.testing.assert_allclose(scores[0], [[0, 0.3], [0, 0]])
+  out = methods.credit(m, success, keep, np.ones((1, 2), bool), np.full(success.shape, np.nan))
+  # returns [[0.12, 0.3], [0, 0]] normalised over the 4 turn samples of the task.
+  r = np.array([0.12, 0.3, 0, 0])
+  np.testing.assert_allclose(out.advantages[0].ravel(), (r - r.mean()) / (r.std(ddof=1) + 1e-6), atol=1e-5)
+  timed = methods.turn_scores(m, success, np.full(success.shape, 2.0, np.float32))
+  np.testing.assert_allclose(timed[0, 0, 1], 2.3)
+
+
+def test_trloo_caps_speedup_and_uses_leave_one_out_per_turn():
+  success = np.array([[[True], [False]]])
+  keep = np.ones_like(success)
+  m = methods.get_method("trloo")
+  out = methods.credit(m, success, keep, np.ones((1, 2), bool), np.full(success.shape, 10.0, np.float32))
+  np.testing.assert_allclose(out.advantages[0, :, 0], [4.0, -4.0])
+
+
+def test_invalid_samples_get_no_credit_and_are_not_counted():
+  success, keep = _outcomes([[1, 0, 0, 1]], 2)
+  valid = np.array([[True, True, True, False]])
+  out = methods.credit(methods.get_method("leap"), success, keep, valid, np.full(success.shape, np.nan))
+  assert np.all(out.advantages[0, 3] == 0)
+  np.testing.assert_allclose(out.reward[0, :3], [1, -0.5, -0.5])
+
+
+def test_keep_rules():
+  valid = np.ones((2, 4), bool)
+  first = np.array([[True, True, True, False], [True, False, False, False]])
+  leap = methods.get_method("leap")
+  active = methods.group_active(leap, first, valid, *methods.dcp_thresholds(4, None, None))
+  np.testing.assert_array_equal(active, [False, True])  # 1 failure < t_min = 2; 3 failures expand
+  np.testing.assert_array_equal(methods.next_turn(leap, first, active, valid),
+                                [[False] * 4, [False, True, True, True]])
+  no_dcp = methods.get_method("leap_no_dcp")
+  all_groups = methods.group_active(no_dcp, first, valid, 0, 4)
+  np.testing.assert_array_equal(methods.next_turn(no_dcp, first, all_groups, valid), ~first)
+  kevin = methods.get_method("kevin")
+  np.testing.assert_array_equal(methods.next_turn(kevin, first, all_groups, valid), valid)
+  grpo = methods.get_method("grpo")
+  assert methods.max_turns(grpo, 3) == 1 and methods.max_turns(leap, 3) == 3
+
+
+def test_bad_names_and_thresholds_raise():
+  with pytest.raises(ValueError, match="unknown method 'ppo'"):
+    methods.get_method("ppo")
+  with pytest.raises(ValueError, match="t_min=5 > t_max=4"):
+    methods.dcp_thresholds(4, 5, -1)
+  assert methods.dcp_thresholds(8, -1, -1) == (4, 8)
+  assert methods.dcp_thresholds(5, None, 4) == (3, 4)
+
+
+def test_table_lists_every_method():
+  table = methods.table_markdown()
+  for name in methods.METHODS:
+    assert f"| `{name}` |" in table
+
+
+def test_task_pool_is_deterministic_and_resumable():
+  pool = TaskPool(list(range(5)), seed=3)
+  first = pool.draw(3) + pool.draw(4)
+  assert sorted(first[:5]) == list(range(5))  # one epoch is a permutation
+  state = pool.state_dict()
+  later = pool.draw(6)
+  restored = TaskPool(list(range(5)), seed=3)
+  restored.load_state_dict(state)
+  assert restored.draw(6) == later
+  again = TaskPool(list(range(5)), seed=3)
+  assert again.draw(7) == first
+  assert TaskPool(list(range(50)), seed=4).draw(50) != TaskPool(list(range(50)), seed=3).draw(50)
+  with pytest.raises(ValueError, match="does not match"):
+    TaskPool(list(range(4)), seed=3).load_state_dict(state)
+  with pytest.raises(ValueError, match="empty"):
+    TaskPool([], seed=0)
