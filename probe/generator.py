@@ -1,0 +1,214 @@
+"""Task generation in the suite's own file format: the prompt, parsing, validity and near-duplicate checks.
+
+A generated task is *valid* iff
+  1. the reply holds a task file that `kernels_eval` parses (FORMAT.md, static checks on `reference`),
+  2. `kernels_eval.validate_task` accepts it (reference runs in the sandbox, outputs are not degenerate), and
+  3. its normalised source hash differs from every known task's (suite tasks and earlier generations).
+Every failure carries a reason: "parse: ...", "invalid: ...", "duplicate: ...".
+
+The normalised source drops the docstring, ID, SPLIT, STATEMENT, SOLUTIONS and SKELETON, comments and all
+whitespace, and lower-cases the rest, so renaming a task or rewording its statement does not make it new.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import json
+import pathlib
+import re
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+import kernels_eval
+from kernels_eval import task as task_lib
+
+GENERATED_LEVELS = (1, 2, 3)
+_STRIPPED = ("SOLUTIONS", "SKELETON")
+_IGNORED_IN_HASH = ("ID", "SPLIT", "STATEMENT") + _STRIPPED
+_FENCE_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
+
+INSTRUCTIONS = """\
+You design GPU-kernel programming tasks. A task is one Python file in this exact format:
+- top-level imports only `import jax`, `import jax.numpy as jnp`, `from jax import lax`, `import math`;
+- literals ID (lower-case [a-z0-9_]), LEVEL (1 single op, 2 fusion, 3 small block), SPLIT = "train", FAMILY,
+  STATEMENT (what to compute, in plain words), DIMS ({"check": [...], "timing": {...}}, one check entry with a
+  size that is not a power of two), INPUTS (name, shape, dtype, dist), optional TOLERANCE;
+- a function `reference(<input names>)` written with jnp/jax/lax that returns one array.
+Do not write any solution. Here are tasks of the suite:
+"""
+
+
+def strip_solutions(text: str) -> str:
+  """The task file without its SOLUTIONS / SKELETON assignments (source lines removed, the rest verbatim)."""
+  tree = ast.parse(text)
+  lines = text.splitlines(keepends=True)
+  drop = set()
+  for node in tree.body:
+    if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+        and node.targets[0].id in _STRIPPED):
+      drop.update(range(node.lineno - 1, node.end_lineno))
+  kept = "".join(line for i, line in enumerate(lines) if i not in drop)
+  return re.sub(r"\n{3,}", "\n\n\n", kept).rstrip() + "\n"
+
+
+def suite_examples(levels: Sequence[int] = GENERATED_LEVELS) -> list[str]:
+  """Embedded suite task files at `levels`, solutions removed, sorted by (level, id)."""
+  return [strip_solutions(pathlib.Path(t.path).read_text()) for t in kernels_eval.load_tasks()
+          if t.level in tuple(levels)]
+
+
+def generator_prompt(examples: Sequence[str], *, num_shots: int = 2, seed: int = 0) -> str:
+  """The user message asking for one new task, with `num_shots` examples drawn by `seed`.
+
+  Args:
+    examples: task file texts without solutions (`suite_examples()`).
+    num_shots: examples shown.
+    seed: which examples (numpy Generator over `examples`).
+  """
+  if not 0 < num_shots <= len(examples):
+    raise ValueError(f"num_shots={num_shots} must be in [1, {len(examples)}]")
+  pick = np.random.default_rng(seed).choice(len(examples), num_shots, replace=False)
+  shots = "\n".join(f"```python\n{examples[i].strip()}\n```\n" for i in sorted(pick))
+  return (f"{INSTRUCTIONS}\n{shots}\nWrite one new task, different from these, as a single ```python "
+          "block.")
+
+
+def extract_task_source(reply: str) -> str:
+  """The task file in a generator reply: the first fenced block that defines `reference`, else the reply."""
+  for block in _FENCE_RE.findall(reply):
+    if "def reference" in block:
+      return block.strip() + "\n"
+  return reply.strip() + "\n"
+
+
+def normalized_source(text: str) -> str:
+  """Source with the fields of the module docstring dropped, comments/whitespace removed, lower-cased."""
+  try:
+    tree = ast.parse(text)
+  except SyntaxError:
+    body = re.sub(r"#[^\n]*", "", text)
+  else:
+    keep = []
+    for i, node in enumerate(tree.body):
+      if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+        continue
+      if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+          and node.targets[0].id in _IGNORED_IN_HASH):
+        continue
+      if isinstance(node, ast.FunctionDef):
+        node = _strip_docstring(node)
+      keep.append(node)
+    body = ast.unparse(ast.Module(body=keep, type_ignores=[]))
+  return re.sub(r"\s+", "", body).lower()
+
+
+def _strip_docstring(fn: ast.FunctionDef) -> ast.FunctionDef:
+  body = fn.body
+  if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+    fn = ast.FunctionDef(**{**{f: getattr(fn, f) for f in fn._fields}, "body": body[1:]})
+  return fn
+
+
+def normalized_hash(text: str) -> str:
+  return hashlib.sha256(normalized_source(text).encode()).hexdigest()
+
+
+def runtime_key(task: task_lib.Task) -> str:
+  """Hash of what validation depends on: reference, dims, inputs, tolerance (not id, statement or family)."""
+  payload = json.dumps([normalized_source(task.reference_source), task.dims,
+                        [dataclasses.astuple(i) for i in task.inputs], task.tolerance], sort_keys=True, default=str)
+  return hashlib.sha256(payload.encode()).hexdigest()
+
+
+@dataclasses.dataclass
+class GeneratedTask:
+  """One checked generation.
+
+  text: the extracted task file; task: the parsed Task when parsing succeeded; valid: all checks passed;
+  reason: "" when valid, else "<check>: <detail>"; norm_hash: `normalized_hash(text)`.
+  """
+  text: str
+  task: task_lib.Task | None
+  valid: bool
+  reason: str
+  norm_hash: str
+
+  @property
+  def family(self) -> str:
+    return self.task.family if self.task is not None else ""
+
+
+class TaskChecker:
+  """Checks generated task files for validity (module docstring); remembers hashes of valid ones.
+
+  Args:
+    known_texts: task files that count as existing (default: the embedded suite).
+    validate: `fn(task) -> kernels_eval.TaskVerdict` (default `kernels_eval.validate_task` with `cache_dir`).
+    cache_dir: validation verdict cache (kernels_eval's default when None).
+    remember: add each valid task's hash to the known set (so later copies are duplicates).
+  """
+
+  def __init__(self, known_texts: Iterable[str] | None = None, *,
+               validate: Callable[[task_lib.Task], kernels_eval.TaskVerdict] | None = None,
+               cache_dir: str | None = None, remember: bool = True):
+    if known_texts is None:
+      known_texts = [pathlib.Path(t.path).read_text() for t in kernels_eval.load_tasks()]
+    self.known = {normalized_hash(t) for t in known_texts}
+    self._validate = validate or (lambda t: kernels_eval.validate_task(t, cache_dir=cache_dir))
+    self._verdicts: dict[str, kernels_eval.TaskVerdict] = {}
+    self.remember = remember
+
+  def check(self, text: str) -> GeneratedTask:
+    norm = normalized_hash(text)
+    try:
+      task = task_lib.parse_task_source(text, "<generated>")
+    except task_lib.TaskFormatError as e:
+      return GeneratedTask(text, None, False, f"parse: {e.field}: {e.problem}", norm)
+    if task.level not in GENERATED_LEVELS:
+      return GeneratedTask(text, task, False, f"parse: LEVEL: {task.level} is not one of {GENERATED_LEVELS}", norm)
+    if norm in self.known:
+      return GeneratedTask(text, task, False, "duplicate: same normalised source as an existing task", norm)
+    key = runtime_key(task)
+    if key not in self._verdicts:
+      self._verdicts[key] = self._validate(task)
+    verdict = self._verdicts[key]
+    if not verdict.ok:
+      return GeneratedTask(text, task, False, "invalid: " + "; ".join(verdict.reasons), norm)
+    if self.remember:
+      self.known.add(norm)
+    return GeneratedTask(text, task, True, "", norm)
+
+
+def _replace_literal(text: str, name: str, value: str) -> str:
+  tree = ast.parse(text)
+  lines = text.splitlines(keepends=True)
+  for node in tree.body:
+    if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id == name:
+      start, end = node.lineno - 1, node.end_lineno
+      return "".join(lines[:start]) + f"{name} = {value!r}\n" + "".join(lines[end:])
+  raise ValueError(f"task source has no {name} assignment")
+
+
+def export_tasks(texts: Iterable[str], folder: str | pathlib.Path, *, split: str = "train") -> list[pathlib.Path]:
+  """Writes valid task files to `folder/level<L>/gen_<hash>.py` (ID = stem, SPLIT = `split`).
+
+  The folder loads with `kernels_eval.load_tasks(folder)`. Files whose normalised source repeats are
+  written once. Returns the written paths.
+  """
+  folder = pathlib.Path(folder)
+  written, seen = [], set()
+  for text in texts:
+    norm = normalized_hash(text)
+    if norm in seen:
+      continue
+    seen.add(norm)
+    task_id = f"gen_{norm[:12]}"
+    out = _replace_literal(_replace_literal(text, "ID", task_id), "SPLIT", split)
+    task = task_lib.parse_task_source(out, "<export>")
+    path = folder / f"level{task.level}" / f"{task_id}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(out)
+    written.append(path)
+  return written

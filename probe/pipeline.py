@@ -1,0 +1,88 @@
+"""Builds PROPEL's parts from a config (configs/propel_cpu.py): models, generator source, solver, checker, paths."""
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import ml_collections
+
+import kernels_eval
+from kernels_eval import schema
+from kernels_eval import validate
+from leap_jax.rollout import harness
+from leap_jax.sampling import SamplingParams
+from leap_jax.train import loop
+from probe import activations
+from probe import generator as generator_lib
+from probe import sources
+
+
+def workdir(cfg) -> pathlib.Path:
+  return pathlib.Path(cfg.workdir)
+
+
+def corpus_dir(cfg) -> pathlib.Path:
+  return pathlib.Path(cfg.corpus.dir) if cfg.corpus.dir else workdir(cfg) / "corpus"
+
+
+def probe_dir(cfg) -> pathlib.Path:
+  return workdir(cfg) / "probe"
+
+
+def export_dir(cfg) -> pathlib.Path:
+  return pathlib.Path(cfg.rl.export_dir) if cfg.rl.export_dir else workdir(cfg) / "generated_tasks"
+
+
+def evaluator_version() -> str:
+  return f"kernels_eval schema {schema.SCHEMA_VERSION}, task verdict {validate.VERDICT_VERSION}"
+
+
+def scale_note(cfg) -> str:
+  if cfg.scale == "smoke":
+    return "[smoke-scale result: CPU sizes, not comparable to the paper's numbers]"
+  return "[paper-scale sizes]"
+
+
+def load_model(section: ml_collections.ConfigDict, seed: int):
+  """(Transformer, tokenizer) of a `model` section (see configs/default.py)."""
+  return loop.load_base_model(ml_collections.ConfigDict({"model": section, "seed": seed}))
+
+
+def model_id(section: ml_collections.ConfigDict) -> str:
+  return str(section.base) if section.base != "random" else f"random-{section.arch.get('hidden_size')}"
+
+
+def make_source(cfg, model, tokenizer) -> sources.ModelTaskSource:
+  g = cfg.generator
+  policy = loop.Policy.from_model(model, tokenizer, cache_len=g.max_context_len)
+  return sources.ModelTaskSource(policy.sampler, policy.params, policy.chat, generator_lib.suite_examples(),
+                                 num_shots=g.num_shots, max_new_tokens=g.max_new_tokens,
+                                 sampling=SamplingParams(temperature=g.temperature, top_p=g.top_p))
+
+
+def make_solver(cfg, evaluator, seed: int | None = None) -> sources.RolloutSolver:
+  s = cfg.solver
+  model, tokenizer = load_model(s.model, cfg.seed)
+  policy = loop.Policy.from_model(model, tokenizer, cache_len=s.max_context_len)
+  settings = harness.RolloutSettings(num_problems=1, group_size=s.attempts, num_turns=s.num_turns,
+                                     max_new_tokens=s.max_new_tokens, context=s.context, temperature=s.temperature,
+                                     top_p=s.top_p)
+  return sources.RolloutSolver(policy, evaluator, settings, attempts=s.attempts, lang=cfg.lang,
+                               seed=cfg.seed if seed is None else seed, episode_mode=s.episode_mode,
+                               checkpoint=model_id(s.model), evaluator_version=evaluator_version())
+
+
+def make_evaluator(cfg) -> kernels_eval.Evaluator:
+  return kernels_eval.Evaluator(workers=cfg.evaluator.workers, timeout_s=cfg.evaluator.timeout_s or None)
+
+
+def make_extractor(cfg, model, tokenizer, layer: int | None) -> activations.ActivationExtractor:
+  return activations.ActivationExtractor(model, tokenizer, model_id=model_id(cfg.generator.model), layer=layer,
+                                         cache_dir=workdir(cfg) / "features", max_tokens=cfg.probe.max_tokens)
+
+
+def corpus_metadata(cfg) -> dict[str, Any]:
+  g = cfg.generator
+  return {"generator": {"model": model_id(g.model), "num_shots": g.num_shots, "max_new_tokens": g.max_new_tokens,
+                        "temperature": g.temperature, "top_p": g.top_p},
+          "evaluator_version": evaluator_version(), "lang": cfg.lang}
