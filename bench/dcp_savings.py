@@ -16,7 +16,7 @@ from leap_jax.train import loop  # noqa: E402
 from leap_jax.train import sft  # noqa: E402
 
 METHODS = ("leap", "leap_no_dcp", "grpo_mt")
-COLUMNS = ("generated_rows", "generated_tokens", "evaluator_calls", "time_step_s")
+COLUMNS = ("cost/generated_rows", "cost/generated_tokens", "cost/evaluator_calls", "time/step")
 
 
 def main(argv):

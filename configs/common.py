@@ -35,6 +35,8 @@ def learner() -> ml_collections.ConfigDict:
   c.aggregation = "token_mean"  # "token_mean" | "sequence_mean" (GRPO) | "constant" (Dr. GRPO, divides by norm_length).
   c.norm_length = 0           # per-episode token budget for "constant"; 0 = the batch's padded length L.
   c.shuffle = True            # reshuffle episodes into minibatches at every pass.
+  c.drop_zero_advantage = False  # leave episodes whose advantages are all 0 out of the train batch (no
+  #                             gradient without KL; DAPO's dynamic sampling); ignored when kl_beta > 0.
   return c
 
 

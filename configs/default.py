@@ -1,8 +1,9 @@
 """The main job on CPU: the embedded SmolLM2-135M-Instruct after cold-start SFT, LEAP on level-0/1
-Pallas tasks, sized for a 2-core CPU (P*G = 8 episodes per step, few steps).
+Pallas tasks, sized for a 2-core CPU (P*G = 8 episodes per step, a few steps, about 10-15 minutes).
 
-Rendered level-0/1 prompts are ~1000 tokens and trusted solutions 320-600 tokens, so one learner step
-is a forward and backward pass over 8 sequences of ~1500 tokens: most of the wall time on CPU.
+Level-0 prompts are ~700 tokens and their answers (the line(s) that complete the skeleton) ~20 tokens;
+level-1 prompts ~650 tokens and full solutions 340-600 tokens. SFT sees most level-0 train tasks but not
+`sft.exclude_ids`, so the pool holds tasks the policy passes, tasks it passes sometimes and tasks it fails.
 
   python launch/train.py --config configs/default.py [--config.<field>=<value> ...]
 """
@@ -24,7 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.seed = 0
   c.workdir = "workdirs/default"  # relative to the working directory
   c.method = "leap"  # leap | leap_no_dcp | grpo | grpo_mt | kevin | trloo (see leap_jax/rollout/methods.py)
-  c.steps = 3  # RL steps (rollout + learner update)
+  c.steps = 4  # RL steps (rollout + learner update)
 
   c.model = ml_collections.ConfigDict()
   c.model.base = "smollm2-135m-instruct"  # embedded model name, HF checkpoint folder, .gguf file, or "random"
@@ -40,6 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.tasks.levels = (0, 1)
   c.tasks.split = "train"
   c.tasks.ids = ()  # restrict to these task ids (empty: all of the levels and split)
+  c.tasks.folder = ""  # a task folder instead of the embedded suite (e.g. tasks exported by train_generator.py)
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.num_problems = 2  # P tasks per step
@@ -50,7 +52,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.context = "episode"  # episode (whole conversation) | latest (statement + latest code + feedback)
   c.rollout.truncated_as = "failure"  # failure | invalid
   c.rollout.eval_retries = 2  # retries of evaluator infrastructure errors before a trajectory is invalid
-  c.rollout.temperature = 0.8
+  c.rollout.temperature = 1.0  # at 0.8 the SFT policy answers level-0 tasks identically within a group
   c.rollout.top_p = 1.0
   c.rollout.top_k = 0
   c.rollout.overlap = "auto"  # auto: evaluation overlaps generation only with more than 2 cores | on | off
@@ -67,7 +69,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.enabled = True  # RL starts from the cold-start SFT checkpoint, trained first when missing
   c.sft.checkpoint_dir = ""  # HF folder of the SFT model; "" = <workdir>/sft
   c.sft.levels = (0,)  # train-split tasks of these levels ...
-  c.sft.extra_ids = ("row_mean", "transpose")  # ... plus these (a few level-1 tasks)
+  c.sft.extra_ids = ("row_mean", "transpose")  # ... plus these (a few level-1 tasks) ...
+  c.sft.exclude_ids = ("clamp", "scale", "sigmoid")  # ... minus these: pool tasks the policy must generalise to
   c.sft.steps = 6
   c.sft.batch_size = 2
   c.sft.prompt_grad = False  # False: truncated gradient, prompt prefilled without gradient (see train/sft.py)
@@ -100,6 +103,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.optim = common.optim()
   c.optim.learning_rate = 5e-6
   c.learner = common.learner()
+  c.learner.drop_zero_advantage = True  # all-pass / all-fail groups add no gradient: skip their compute on CPU
   c.checkpoint = common.checkpoint()
   c.checkpoint.every = 2
   c.metrics = common.metrics()

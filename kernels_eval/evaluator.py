@@ -1,6 +1,7 @@
 """The evaluator core: requests in, `EvalResult`s out, the same for every language backend.
 
-Per request, in the parent (no JAX): the backend's static check; the trial seed
+Per request, in the parent (no JAX): a level-0 answer completed into its task's skeleton
+(`skeleton.fill_skeleton`); the backend's static check; the trial seed
 HMAC(secret, task hash | request id) and the trial inputs; one job on the worker pool, where a fresh
 sandboxed child computes the reference, then loads and runs the candidate; then the verdict, made here:
 each trial's output against the reference (`compare`), status and stage, feedback (<= 1.5 KB) and
@@ -29,6 +30,7 @@ from kernels_eval import compare
 from kernels_eval import pool as pool_lib
 from kernels_eval import sandbox
 from kernels_eval import schema
+from kernels_eval import skeleton
 from kernels_eval import task as task_lib
 from kernels_eval import trials as trials_lib
 
@@ -94,6 +96,9 @@ class Evaluator:
     else:
       self.pool = pool_lib.WorkerPool(backends.runners(), workers=workers, max_jobs=max_jobs_per_worker,
                                       limits=limits, platform=platform, compile_cache_dir=compile_cache_dir)
+    # Static checks run on parent threads: CUDA's compiles (nvcc subprocesses) in parallel up to the core count.
+    self._static_threads = concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1),
+                                                                 thread_name_prefix="eval-static")
     self._cache: collections.OrderedDict[tuple, schema.EvalResult] = collections.OrderedDict()
     self._cache_size = cache_size
     self._lock = threading.Lock()
@@ -111,7 +116,8 @@ class Evaluator:
     """Starts one evaluation; the future resolves to its EvalResult."""
     start = time.monotonic()
     backend = backends.get(request.lang)
-    key = (request.task.source_hash, request.lang, request.stages, source_hash(request.source))
+    source = skeleton.fill_skeleton(request.task, request.lang, request.source)
+    key = (request.task.source_hash, request.lang, request.stages, source_hash(source))
     done: concurrent.futures.Future = concurrent.futures.Future()
     with self._lock:
       cached = self._cache.get(key)
@@ -123,10 +129,26 @@ class Evaluator:
       result.provenance.cache_hit = True
       done.set_result(result)
       return done
+    self._static_threads.submit(self._start, request, backend, source, key, start, done)
+    return done
+
+  def _start(self, request: EvalRequest, backend: backends.Backend, source: str, key: tuple, start: float,
+             done: concurrent.futures.Future) -> None:
+    """Static check (for CUDA: compile and symbol audit) on a parent thread, then the job on the pool."""
+    try:
+      self._static_then_job(request, backend, source, key, start, done)
+    except Exception as e:  # noqa: BLE001  (a harness bug must not hang the caller)
+      if not done.done():
+        done.set_result(schema.EvalResult(status="runtime_error", stage="static", infra_error=f"evaluator: {e!r}",
+                                          task_id=request.task.id, lang=request.lang,
+                                          request_id=request.request_id))
+
+  def _static_then_job(self, request: EvalRequest, backend: backends.Backend, source: str, key: tuple,
+                       start: float, done: concurrent.futures.Future) -> None:
     seed = self.seed_for(request.task, request.request_id)
     base = dict(task_id=request.task.id, lang=request.lang, request_id=request.request_id)
     prov = schema.Provenance(source_hash=key[3], seed=seed)
-    rejection = backend.static_check(request.task, request.source)
+    rejection = backend.static_check(request.task, source)
     static_s = time.monotonic() - start
     prov.durations = _durations(static=static_s)
     if rejection is not None or request.stages == "static":
@@ -138,10 +160,10 @@ class Evaluator:
                                    feedback="static check passed; later stages not requested", **base)
       self._remember(key, result)
       done.set_result(result)
-      return done
+      return
     task = request.task
     trial_inputs = trials_lib.all_trials(task, seed)
-    payload = {"task": task.to_job(), "source": request.source, "stages": request.stages,
+    payload = {"task": task.to_job(), "source": source, "stages": request.stages,
                "trials": trial_inputs,
                "trial_dims": [task.check_dims[t % len(task.check_dims)] for t in range(len(trial_inputs))],
                "input_dtypes": [i.dtype for i in task.inputs]}
@@ -167,7 +189,6 @@ class Evaluator:
       done.set_result(result)
 
     job.add_done_callback(finish)
-    return done
 
   def evaluate(self, request: EvalRequest) -> schema.EvalResult:
     return self.submit(request).result()
@@ -178,6 +199,7 @@ class Evaluator:
     return [f.result() for f in futures]
 
   def close(self) -> None:
+    self._static_threads.shutdown(wait=True)
     self.pool.close()
 
   def __enter__(self) -> "Evaluator":

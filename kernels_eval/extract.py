@@ -30,7 +30,7 @@ def extract_code(response_text: str, lang: str) -> str:
   if not fitting:
     wanted = ", ".join(f"```{t}" if t else "a bare ```" for t in tags[:3])
     found = f" (found blocks tagged {sorted({t or 'bare' for t, _ in blocks})})" if blocks else ""
-    raise NoCodeBlock(f"no {lang} code block in the reply{found}: put the complete source in one "
+    raise NoCodeBlock(f"no {lang} code block in the reply{found}: put the code the contract asks for in one "
                       f"fenced block ({wanted}).")
   with_solution = [b for b in fitting if re.search(r"\bsolution\b", b)]
   return (with_solution or fitting)[-1].strip("\n") + "\n"

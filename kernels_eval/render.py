@@ -37,7 +37,18 @@ def cuda_prototype(task: task_lib.Task) -> str:
 
 
 def pallas_contract(task: task_lib.Task) -> str:
-  lines = [
+  """The Pallas contract. Level 0 shows the whole kernel and asks only for the marked line(s)."""
+  imports = (f"Allowed imports: {', '.join(PALLAS_IMPORTS)}. No file, process or network access, no "
+             "eval/exec/getattr, no dunder or private attributes, no mutable module-level state or caches.")
+  if task.level == 0 and "pallas" in task.skeleton:
+    return "\n".join([
+        "Complete this JAX Pallas (Triton dialect) kernel: everything but the computation is written.",
+        "```python", task.skeleton["pallas"].strip("\n"), "```",
+        f"Reply with only the line(s) that replace `{task_lib.SKELETON_MARKER}`, in one ```python code block; "
+        "they are inserted at that line's indentation. (A reply holding the whole completed source is "
+        f"accepted too.) {imports}",
+    ])
+  return "\n".join([
       "Write the kernel in JAX Pallas (Triton dialect). Your source must define",
       f"    {pallas_signature(task)}",
       "which returns the same array as `reference` (same shape and dtype), computed by "
@@ -46,22 +57,18 @@ def pallas_contract(task: task_lib.Task) -> str:
       "- The returned array must be an output of pl.pallas_call, followed at most by reshapes, slices or "
       "casts. Outside the kernel only reshape, slice, pad, broadcast or cast the inputs; every kernel you "
       "launch must contribute to the result.",
-      "- Triton dialect: every block shape and every array inside the kernel has power-of-two sizes; handle "
-      "sizes that are not a multiple of the block with masks (`pl.load`/`pl.store` with `mask=`) or "
-      "BlockSpecs with `pl.cdiv` grids. The check sizes below include sizes that are not powers of two.",
+      "- Triton dialect: every block shape and every array inside the kernel has power-of-two sizes. The "
+      "lowering does not mask partial blocks: over a `pl.cdiv` grid, load and store them with masks "
+      "(`from jax.experimental.pallas import triton as plt`; `plt.load(ref, mask=..., other=...)`, "
+      "`plt.store(ref, value, mask=...)`). The check sizes above include sizes that are not powers of two.",
       "- Matrix products inside kernels: `jnp.dot(a, b, preferred_element_type=jnp.float32, "
       "precision=jax.lax.Precision.HIGHEST)`.",
       "- Do not pass `interpret=` or `backend=`: the harness runs interpret mode on CPU and the Triton "
       "lowering on GPU (optional: `compiler_params=jax.experimental.pallas.triton.CompilerParams("
       "num_warps=..., num_stages=...)`).",
-      f"- Allowed imports: {', '.join(PALLAS_IMPORTS)}. No file, process or network access, no "
-      "eval/exec/getattr, no dunder or private attributes, no mutable module-level state or caches.",
-  ]
-  if task.level == 0 and "pallas" in task.skeleton:
-    lines += ["Complete this skeleton: replace the marked line(s) and return the whole source.",
-              "```python", task.skeleton["pallas"].rstrip(), "```"]
-  lines.append("Answer with the complete source in one ```python code block.")
-  return "\n".join(lines)
+      f"- {imports}",
+      "Answer with the complete source in one ```python code block.",
+  ])
 
 
 def cuda_contract(task: task_lib.Task) -> str:

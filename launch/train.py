@@ -6,6 +6,8 @@ import os
 import pathlib
 import sys
 
+import tqdm
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from leap_jax.train import loop  # noqa: E402
@@ -22,10 +24,10 @@ def main(argv):
     print(f"no SFT checkpoint in {loop.sft_dir(cfg)}: running cold-start SFT first", flush=True)
     summary = sft.cold_start(cfg, echo=lambda s: print(s, flush=True))
     print(f"SFT done in {summary['seconds']:.0f} s, final nll {summary['final_nll']:.4f}", flush=True)
-  result = loop.train(cfg, echo=lambda s: print(s, flush=True))
+  result = loop.train(cfg, echo=tqdm.tqdm.write)  # keeps the per-step lines apart from the progress bar
   last = result.history[-1] if result.history else {}
   print(f"done in {result.seconds:.0f} s; workdir {os.path.abspath(cfg.workdir)}; final step metrics: "
-        + ", ".join(f"{k}={last[k]:.4g}" for k in ("pass_rate@1", "reward_mean", "loss", "grad_norm") if k in last),
+        + ", ".join(f"{k}={last[k]:.4g}" for k in ("pass_rate/turn_1", "groups/activated_share", "reward/mean", "loss", "grad_norm") if k in last),
         flush=True)
 
 

@@ -12,8 +12,10 @@ import pytest
 from flax import nnx
 
 import kernels_eval
+from configs import smoke
 from kernels_eval import task as task_lib
 from leap_jax.sampling import ChatFormat, Sampler, SamplingParams
+from leap_jax.train import loop
 from leap_jax.train.learner import Learner, LearnerConfig, model_logprob_fn
 from probe import activations
 from probe import corpus
@@ -79,6 +81,11 @@ def test_export_loads_as_task_folder(tmp_path):
   assert len(paths) == 2  # the first two are near-duplicates
   tasks = kernels_eval.load_tasks(tmp_path / "pool")
   assert {t.id for t in tasks} == {p.stem for p in paths} and all(t.split == "train" for t in tasks)
+  cfg = smoke.get_config()  # the LEAP trainer's task pool, pointed at the exported folder
+  cfg.tasks.folder, cfg.tasks.levels = str(tmp_path / "pool"), (0, 1, 2, 3)
+  pool = loop.select_tasks(cfg.tasks.lang, cfg.tasks.levels, cfg.tasks.split, cfg.tasks.ids, cfg.tasks.folder)
+  assert sorted(t.id for t in pool) == sorted(t.id for t in tasks) and not any(t.trusted for t in pool)
+  assert loop.dry_run(cfg)["tasks"] == len(tasks)
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,11 @@
 """kernels_eval without workers: task parsing, rendering, code extraction, seeds, static checks, wire."""
+import dataclasses
 import math
 import pathlib
 import subprocess
 import sys
 import textwrap
+import threading
 
 import ml_dtypes
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 import kernels_eval as ke
 from kernels_eval import backends
 from kernels_eval import compare
+from kernels_eval import skeleton
 from kernels_eval import static_check
 from kernels_eval import task as task_lib
 from kernels_eval import trials
@@ -123,6 +126,36 @@ def test_render_level0_includes_skeleton():
   assert task_lib.SKELETON_MARKER in text and level0[0].skeleton["pallas"].strip() in text
 
 
+LEVEL0 = [t for t in ke.load_tasks() if t.level == 0]
+
+
+@pytest.mark.parametrize("task", LEVEL0, ids=lambda t: t.id)
+def test_level0_answer_completes_the_skeleton(task):
+  answer = skeleton.skeleton_answer(task, "pallas")
+  assert "def solution" not in answer and not answer.startswith(" ")
+  assert skeleton.fill_skeleton(task, "pallas", answer).strip() == task.solutions["pallas"].strip()
+  assert skeleton.fill_skeleton(task, "pallas", task.solutions["pallas"]) == task.solutions["pallas"]
+  assert "Reply with only the line(s)" in ke.render_task(task, "pallas")
+
+
+def test_fill_skeleton_indents_and_rejects_bad_skeletons():
+  task = LEVEL0[0]
+  filled = skeleton.fill_skeleton(task, "pallas", "    a = x\n\n    out = a\n")
+  lines = filled.splitlines()
+  marker = next(line for line in task.skeleton["pallas"].splitlines() if task_lib.SKELETON_MARKER in line)
+  indent = marker[:len(marker) - len(marker.lstrip())]
+  i = lines.index(indent + "a = x")
+  assert lines[i + 1:i + 3] == ["", indent + "out = a"]
+  two_markers = dataclasses.replace(task, skeleton={"pallas": f"{task_lib.SKELETON_MARKER}\n{task_lib.SKELETON_MARKER}"})
+  with pytest.raises(ValueError, match="exactly one line"):
+    skeleton.fill_skeleton(two_markers, "pallas", "out = x")
+  drifted = dataclasses.replace(task, solutions={"pallas": "def solution(x):\n  return x\n"})
+  with pytest.raises(ValueError, match="does not complete its skeleton"):
+    skeleton.skeleton_answer(drifted, "pallas")
+  level1 = next(t for t in ke.load_tasks() if t.level == 1)
+  assert skeleton.fill_skeleton(level1, "pallas", "out = x") == "out = x"  # no skeleton: taken as is
+
+
 def test_cuda_prototype_and_contract(tmp_path):
   t = ke.load_tasks(_write(tmp_path, TWO_INPUT_TASK))[0]
   assert ke.cuda_prototype(t) == ('extern "C" void solution(const __half* x, const __half* y, __half* out, '
@@ -149,7 +182,7 @@ def test_extract_code(reply, lang, expected):
 def test_extract_code_without_block_explains():
   with pytest.raises(ke.NoCodeBlock, match=r"no pallas code block in the reply \(found blocks tagged \['cuda'\]\)"):
     ke.extract_code("```cuda\nint x;\n```", "pallas")
-  with pytest.raises(ke.NoCodeBlock, match="put the complete source in one fenced block"):
+  with pytest.raises(ke.NoCodeBlock, match="put the code the contract asks for in one fenced block"):
     ke.extract_code("just words", "pallas")
   t = ke.load_tasks()[0] if ke.load_tasks() else None
   if t is not None:
@@ -324,3 +357,21 @@ def test_candidate_modules_lead_nowhere_outside_jax():
     with pytest.raises(AttributeError):
       for name in chain:
         obj = getattr(obj, name)
+
+
+def test_static_checks_run_in_parallel_threads(monkeypatch):
+  """Two requests' static checks (for CUDA: nvcc and the audit) overlap: each waits for the other."""
+  barrier = threading.Barrier(2, timeout=60)
+  pallas = backends.get("pallas")
+
+  def check_after_the_other_arrives(task, source):
+    barrier.wait()
+    return pallas.static_check(task, source)
+
+  monkeypatch.setitem(backends._registry, "pallas_barrier",
+                      dataclasses.replace(pallas, lang="pallas_barrier", static_check=check_after_the_other_arrives))
+  task = ke.load_tasks()[0]
+  with ke.Evaluator(workers=1, secret=b"0123456789abcdef") as ev:
+    results = ev.evaluate_many([ke.EvalRequest(task, task.solutions["pallas"] + f"# {i}\n", "pallas_barrier",
+                                               "static", f"r{i}") for i in range(2)])
+  assert [(r.status, r.stage, r.infra_error) for r in results] == [("not_run", "static", None)] * 2

@@ -13,6 +13,7 @@ import pytest
 import kernels_eval as ke
 from kernels_eval import pool as pool_lib
 from kernels_eval import sandbox
+from kernels_eval import skeleton
 from kernels_eval import schema
 from kernels_eval import trials
 from kernels_eval import wire
@@ -69,6 +70,15 @@ def test_embedded_pallas_solution_is_correct(embedded_results, task_id):
   assert (r.status, r.stage, r.infra_error) == ("correct", "correctness", None), r.feedback
   assert r.trials_passed == r.trials_total == trials.NUM_TRIALS
   assert {"reference", "compile", "lower", "correctness"} <= set(r.provenance.durations)
+
+
+def test_level0_answer_is_judged_in_its_skeleton(evaluator):
+  task = next(t for t in EMBEDDED if t.id == "relu")
+  answer = skeleton.skeleton_answer(task, "pallas")
+  good, wrong = evaluator.evaluate_many([ke.EvalRequest(task, answer, "pallas", "correctness", "l0-answer"),
+                                         ke.EvalRequest(task, "out = x + 1.0\n", "pallas", "correctness", "l0-wrong")])
+  assert good.status == "correct", good.feedback
+  assert wrong.status == "wrong_output", wrong.feedback
 
 
 @pytest.mark.parametrize("case", pallas_cases.CASES, ids=lambda c: c.name)

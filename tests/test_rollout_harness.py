@@ -14,6 +14,7 @@ import kernels_eval
 from configs import smoke
 from kernels_eval import schema
 from leap_jax import rewards
+from leap_jax.rollout import batching
 from leap_jax.rollout import methods
 from leap_jax.rollout import prompts
 from leap_jax.rollout.harness import STATUS_NAMES, TRUNCATED
@@ -214,3 +215,20 @@ def test_truncated_episodes_stop_and_follow_the_config(setup):
     if truncated_as == "invalid":
       expected_valid &= ~truncated
     np.testing.assert_array_equal(batch.valid, expected_valid)
+
+
+def test_train_batch_can_drop_zero_advantage_episodes(setup):
+  batch = _run(setup, "leap")[0]
+  adv = np.ones((P, G, T), np.float32)
+  adv[0] = 0.0  # group 0 carries no signal
+  full = batching.to_train_batch(batch, adv)
+  dropped = batching.to_train_batch(batch, adv, drop_zero_advantage=True)
+  kept = [e for e in range(P * G) if e // G != 0 and divmod(e, G) != INFRA_ERROR]
+  assert np.asarray(full.tokens).shape[0] == P * G
+  assert np.asarray(dropped.tokens).shape[0] == len(kept)
+  length = np.asarray(dropped.tokens).shape[1]
+  for name in ("tokens", "policy_mask", "advantages", "old_logprobs"):
+    np.testing.assert_array_equal(np.asarray(getattr(full, name))[kept, :length], np.asarray(getattr(dropped, name)))
+  assert not np.asarray(full.policy_mask)[kept, length:].any()
+  empty = batching.to_train_batch(batch, np.zeros_like(adv), drop_zero_advantage=True, row_multiple=2)
+  assert np.asarray(empty.tokens).shape[0] == 2 and not np.asarray(empty.policy_mask).any()

@@ -7,7 +7,6 @@ from flax import nnx
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from leap_jax.models import load_pretrained
 from leap_jax.sampling import ChatFormat, Episode, Sampler, SamplingParams, sequence_logprobs, stack_episodes
 
 TINY_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|start|>{{ m['role'] }} {{ m['content'] }}<|end|>"
@@ -27,8 +26,8 @@ def tiny_tokenizer():
 
 
 @pytest.fixture(scope="session")
-def smollm():
-  model, tokenizer = load_pretrained("smollm2-135m-instruct")
+def smollm(embedded_model):
+  model, tokenizer = embedded_model
   graphdef, state = nnx.split(model)
   return model.config, graphdef, state, tokenizer
 

@@ -5,6 +5,7 @@ import pytest
 from flax import nnx
 
 import kernels_eval
+from kernels_eval.skeleton import fill_skeleton
 from configs import smoke
 from leap_jax.models import ModelConfig, Transformer
 from leap_jax.rollout import prompts
@@ -58,8 +59,12 @@ def test_examples_use_the_rollout_prompt_and_a_fenced_trusted_solution():
   rollout_prompt = chat.first_turn(kernels_eval.render_task(task, "pallas"), prompts.system_message("pallas"))
   assert list(example.prompt) == rollout_prompt
   assert example.reply[-1] == chat.stop_ids[0]
-  text = chat.decode(example.reply[:-1])
-  assert kernels_eval.extract_code(text, "pallas").strip() == task.solutions["pallas"].strip()
+  code = kernels_eval.extract_code(chat.decode(example.reply[:-1]), "pallas")
+  assert task.level == 0 and "def solution" not in code  # level 0: only the lines the skeleton leaves out
+  assert fill_skeleton(task, "pallas", code).strip() == task.solutions["pallas"].strip()
+  (level1,) = sft.build_examples([t for t in tasks if t.id == "transpose"], chat, tokenizer, "pallas")
+  code = kernels_eval.extract_code(chat.decode(level1.reply[:-1]), "pallas")
+  assert code.strip() == next(t for t in tasks if t.id == "transpose").solutions["pallas"].strip()
   with pytest.raises(ValueError, match="no SFT examples|SFT has no examples"):
     sft.run_sft(Transformer(ModelConfig.from_hf_config(TINY), rngs=nnx.Rngs(0)), [], optax.sgd(0.1), steps=1,
                 batch_size=1, seed=0)

@@ -8,7 +8,7 @@ valid bool[P, G] (the evaluator judged the sample), status int32[P, G, T] codes 
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -79,15 +79,15 @@ def turns_per_pass(success, keep, valid=None) -> float:
   return float(turns / passes) if passes else float("inf")
 
 
-def status_histogram(status, keep) -> dict[str, int]:
-  """Count of each evaluator status over kept turns: {name: count} for every name in STATUSES."""
+def status_histogram(status, keep, names: Sequence[str] = STATUSES) -> dict[str, int]:
+  """Count of each status over kept turns: {name: count} for every name in `names` (code i is names[i])."""
   status = _check("status", status, 3)
   keep = _check("keep", keep, 3, status.shape).astype(bool)
   codes = status[keep].astype(np.int64)
-  if codes.size and (codes.min() < 0 or codes.max() >= len(STATUSES)):
-    raise ValueError(f"status codes must be in [0, {len(STATUSES)}), got range [{codes.min()}, {codes.max()}]")
-  counts = np.bincount(codes, minlength=len(STATUSES))
-  return {name: int(c) for name, c in zip(STATUSES, counts)}
+  if codes.size and (codes.min() < 0 or codes.max() >= len(names)):
+    raise ValueError(f"status codes must be in [0, {len(names)}), got range [{codes.min()}, {codes.max()}]")
+  counts = np.bincount(codes, minlength=len(names))
+  return {name: int(c) for name, c in zip(names, counts)}
 
 
 def summary_stats(x, mask=None, prefix: str = "") -> dict[str, float]:
@@ -100,7 +100,8 @@ def summary_stats(x, mask=None, prefix: str = "") -> dict[str, float]:
           f"{prefix}/min": float(values.min()), f"{prefix}/max": float(values.max())}
 
 
-def rollout_metrics(success, keep, active, rewards, advantages, status, valid=None) -> dict[str, float]:
+def rollout_metrics(success, keep, active, rewards, advantages, status, valid=None,
+                    status_names: Sequence[str] = STATUSES) -> dict[str, float]:
   """All rollout metrics of one batch as a flat dict.
 
   Args:
@@ -110,6 +111,7 @@ def rollout_metrics(success, keep, active, rewards, advantages, status, valid=No
     advantages: f32[P, G, T] per-turn advantages.
     status: int32[P, G, T] status codes.
     valid: optional bool[P, G].
+    status_names: the name of each status code.
 
   Returns:
     pass_rate/turn_<k> (k = 1..T), groups/activated_share, groups/signal_share, turns/first_pass_mean,
@@ -126,7 +128,7 @@ def rollout_metrics(success, keep, active, rewards, advantages, status, valid=No
   out["turns/first_pass_mean"] = mean_first_pass_turn(success, keep, valid)
   out["turns/per_pass"] = turns_per_pass(success, keep, valid)
   out["turns/mean"] = float(keep[valid_mask].sum(-1).mean()) if valid_mask.any() else float("nan")
-  hist = status_histogram(status, keep)
+  hist = status_histogram(status, keep, status_names)
   total = max(sum(hist.values()), 1)
   out.update({f"status/{k}": v / total for k, v in hist.items()})
   out.update(summary_stats(_check("rewards", rewards, 2, shape[:2]), valid_mask, "reward"))

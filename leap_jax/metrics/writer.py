@@ -69,7 +69,8 @@ class MetricsWriter:
       import tensorboardX  # pylint: disable=g-import-not-at-top
       self._tb = tensorboardX.SummaryWriter(os.path.join(self.workdir, "tb"))
     if progress_bar:
-      self._bar = tqdm.tqdm(total=total_steps, initial=initial_step, dynamic_ncols=True, desc="train")
+      # disable=None: no bar when stderr is not a terminal (logs keep the per-step lines instead).
+      self._bar = tqdm.tqdm(total=total_steps, initial=initial_step, dynamic_ncols=True, desc="train", disable=None)
 
   def write(self, step: int, metrics: Mapping[str, object]) -> None:
     """Logs `metrics` (name -> scalar) at `step`."""
@@ -85,8 +86,7 @@ class MetricsWriter:
       self._tb.flush()
     if self._bar is not None:
       self._bar.update(max(int(step) - self._bar.n, 0))
-      shown = {k.split("/")[-1] if k.count("/") else k: f"{values[k]:.4g}" for k in self.bar_keys
-               if values.get(k) is not None}
+      shown = {k: f"{values[k]:.4g}" for k in self.bar_keys if values.get(k) is not None}
       self._bar.set_postfix(shown, refresh=True)
 
   def close(self) -> None:

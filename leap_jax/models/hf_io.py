@@ -10,8 +10,6 @@ import re
 import jax
 import numpy as np
 from jax.sharding import Mesh
-from safetensors import safe_open
-from safetensors.numpy import save_file
 
 from leap_jax.models.config import ModelConfig
 from leap_jax.models.params import expected_shapes, model_from_flat, model_to_flat
@@ -76,6 +74,7 @@ def read_hf_weights(path: str | os.PathLike, cfg: ModelConfig) -> dict[str, np.n
   """Reads a HF folder's safetensors into our flat per-layer names (numpy, checkpoint dtype)."""
   path = os.fspath(path)
   table = _hf_to_ours(cfg)
+  from safetensors import safe_open  # pylint: disable=import-outside-toplevel  (not needed to run a model)
   flat, unexpected = {}, []
   for file in _safetensor_files(path):
     with safe_open(file, framework="numpy") as f:
@@ -132,6 +131,7 @@ def save_hf_checkpoint(model: Transformer, tokenizer, path: str | os.PathLike,
   Weights are saved in the model's param dtype, split into shards of at most `max_shard_bytes`
   (with a model.safetensors.index.json) when larger.
   """
+  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
   path = os.fspath(path)
   os.makedirs(path, exist_ok=True)
   cfg = model.config

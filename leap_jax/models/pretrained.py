@@ -5,7 +5,6 @@ import os
 
 from jax.sharding import Mesh
 
-from leap_jax.models.gguf_io import read_gguf
 from leap_jax.models.hf_io import load_hf_checkpoint
 from leap_jax.models.params import model_from_flat
 from leap_jax.models.transformer import Transformer
@@ -56,6 +55,7 @@ def load_pretrained(name_or_path: str | os.PathLike, dtype: str = "float32", par
     return load_hf_checkpoint(path, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers,
                               remat=remat, mesh=mesh)
   if os.path.isfile(path) and path.endswith(".gguf"):
+    from leap_jax.models.gguf_io import read_gguf  # pylint: disable=import-outside-toplevel  (gguf, tokenizers)
     cfg, flat, tokenizer = read_gguf(path, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers,
                                      remat=remat)
     return model_from_flat(cfg, flat, mesh=mesh), tokenizer

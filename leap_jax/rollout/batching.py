@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from leap_jax.rollout.harness import NOT_GENERATED, STATUS_NAMES, RolloutBatch
+from leap_jax.metrics import rollout_stats
+from leap_jax.rollout.harness import STATUS_NAMES, RolloutBatch
 from leap_jax.sampling.episode import stack_episodes
 from leap_jax.train.batch import TrainBatch, batch_from_numpy
 
@@ -13,7 +14,7 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def to_train_batch(batch: RolloutBatch, advantages: np.ndarray, *, pad_id: int = 0, row_multiple: int = 1,
-                   length_multiple: int = 64) -> TrainBatch:
+                   length_multiple: int = 64, drop_zero_advantage: bool = False) -> TrainBatch:
   """One row per token record (an episode, or an episode turn under the "latest" context policy).
 
   Each policy token carries the advantage of the turn that produced it, a[p, g, turn]; tokens of
@@ -27,6 +28,10 @@ def to_train_batch(batch: RolloutBatch, advantages: np.ndarray, *, pad_id: int =
     pad_id: token id of padding.
     row_multiple: rows are padded to a multiple of this (minibatches x microbatches x data shards).
     length_multiple: lengths are padded to a multiple of this.
+    drop_zero_advantage: leave out records whose trained tokens all have advantage 0 (e.g. every
+      sample of an all-pass or all-fail group under a zero-sum reward). Without a KL term they add no
+      gradient, only tokens to the normaliser and compute (DAPO's dynamic sampling filters the same
+      groups). A step where every record drops trains on empty rows.
 
   Returns:
     TrainBatch of host arrays [B, L].
@@ -39,6 +44,13 @@ def to_train_batch(batch: RolloutBatch, advantages: np.ndarray, *, pad_id: int =
     for segment in segments:
       records.append(segment)
       owners.append(e)
+  if drop_zero_advantage:
+    p_all, g_all = np.divmod(np.asarray(owners), G)
+    trained = batch.valid[p_all, g_all][:, None] & batch.keep[p_all, g_all] & (advantages[p_all, g_all] != 0)
+    kept_records = [i for i in range(len(records)) if trained[i].any()]
+    records, owners = [records[i] for i in kept_records], [owners[i] for i in kept_records]
+  if not records:
+    return _empty_batch(max(row_multiple, 1), length_multiple, pad_id)
   longest = max(1, max(len(r) for r in records))
   arrays = stack_episodes(records, length=_round_up(longest, length_multiple), pad_id=pad_id)
   owners = np.asarray(owners)
@@ -60,39 +72,31 @@ def to_train_batch(batch: RolloutBatch, advantages: np.ndarray, *, pad_id: int =
       old_logprobs=pad_rows(arrays["sampler_logprobs"], 0.0))
 
 
-def rollout_metrics(batch: RolloutBatch, advantages: np.ndarray, reward: np.ndarray) -> dict[str, float]:
-  """Per-step rollout statistics.
+def _empty_batch(rows: int, length: int, pad_id: int) -> TrainBatch:
+  zeros = np.zeros((rows, length), np.float32)
+  mask = np.zeros((rows, length), bool)
+  return batch_from_numpy(tokens=np.full((rows, length), pad_id, np.int32), input_mask=mask, policy_mask=mask,
+                          advantages=zeros, old_logprobs=zeros)
 
-  pass_rate@t: share of valid samples solved at some turn <= t (per sample, cumulative).
-  active_groups: share of groups allowed past turn 1. turns_per_pass: generated turns / solved samples.
-  status/<name>: share of generated or truncated turns with that status.
+
+def rollout_metrics(batch: RolloutBatch, advantages: np.ndarray, reward: np.ndarray) -> dict[str, float]:
+  """Per-step rollout statistics: `leap_jax.metrics.rollout_stats.rollout_metrics` (pass rate by turn,
+  groups, turns, status shares, reward and advantage stats) plus the cost of the step.
+
+  cost/generated_rows, cost/generated_tokens: sampled turns and tokens; cost/evaluator_calls, cost/eval_retries;
+  turns/truncated; valid_fraction; time/generate, time/evaluate (seconds).
   """
-  P, G, T = batch.generated.shape
-  valid = batch.valid
-  n_valid = max(int(valid.sum()), 1)
-  solved_by = np.cumsum(batch.success & batch.keep, axis=-1) > 0
-  out = {f"pass_rate@{t + 1}": float((solved_by[..., t] & valid).sum() / n_valid) for t in range(T)}
-  solved = int((solved_by[..., -1] & valid).sum())
-  kept = batch.keep
+  status = np.where(batch.keep, batch.status, 0)
+  out = rollout_stats.rollout_metrics(batch.success, batch.keep, batch.active, reward, advantages, status,
+                                      batch.valid, status_names=STATUS_NAMES)
   out.update({
-      "active_groups": float(batch.active.mean()),
-      "valid_fraction": float(valid.mean()),
-      "generated_rows": float(batch.counters["generated_rows"]),
-      "generated_tokens": float(batch.counters["generated_tokens"]),
-      "evaluator_calls": float(batch.counters["evaluator_calls"]),
-      "eval_retries": float(batch.counters["eval_retries"]),
-      "turns_per_sample": float(batch.generated.sum() / (P * G)),
-      "turns_per_pass": float(batch.generated.sum() / solved) if solved else float("nan"),
-      "truncated_turns": float(batch.truncated.sum()),
-      "reward_mean": float(reward[valid].mean()) if valid.any() else 0.0,
-      "reward_std": float(reward[valid].std()) if valid.any() else 0.0,
-      "advantage_mean": float(advantages[kept].mean()) if kept.any() else 0.0,
-      "advantage_abs_mean": float(np.abs(advantages[kept]).mean()) if kept.any() else 0.0,
-      "advantage_nonzero": float((advantages[kept] != 0).mean()) if kept.any() else 0.0,
-      "time_generate_s": batch.timings["generate"],
-      "time_evaluate_s": batch.timings["evaluate"],
+      "valid_fraction": float(batch.valid.mean()),
+      "cost/generated_rows": float(batch.counters["generated_rows"]),
+      "cost/generated_tokens": float(batch.counters["generated_tokens"]),
+      "cost/evaluator_calls": float(batch.counters["evaluator_calls"]),
+      "cost/eval_retries": float(batch.counters["eval_retries"]),
+      "turns/truncated": float(batch.truncated.sum()),
+      "time/generate": batch.timings["generate"],
+      "time/evaluate": batch.timings["evaluate"],
   })
-  seen = batch.status[batch.status != NOT_GENERATED]
-  for code, name in enumerate(STATUS_NAMES):
-    out[f"status/{name}"] = float((seen == code).mean()) if seen.size else 0.0
   return out

@@ -11,6 +11,8 @@ Two context policies decide what the policy sees at turn t+1:
 """
 from __future__ import annotations
 
+from kernels_eval import skeleton
+
 CONTEXT_POLICIES = ("episode", "latest")
 
 _LANGUAGE = {
@@ -34,7 +36,7 @@ def system_message(lang: str) -> str:
   _check_lang(lang)
   name, tag = _LANGUAGE[lang]
   return (f"You are an expert GPU kernel engineer writing {name} kernels. Follow the task's kernel "
-          f"contract exactly. Reply with the complete source in a single ```{tag} fenced code block.")
+          f"contract exactly and reply with the code it asks for in a single ```{tag} fenced code block.")
 
 
 def first_turn(lang: str, task_text: str) -> list[dict[str, str]]:
@@ -54,7 +56,7 @@ def feedback_turn(lang: str, status: str, feedback: str, truncated: bool = False
   """The user message that opens turn t+1 under the "episode" context policy."""
   return {"role": "user", "content": (
       f"{verdict_text(status, feedback, truncated)}\n"
-      f"Fix the kernel and reply with the complete corrected solution in one ```{fence(lang)} block.")}
+      f"Fix the kernel and reply with the corrected code, as the contract asks, in one ```{fence(lang)} block.")}
 
 
 def latest_context(lang: str, task_text: str, code: str, status: str, feedback: str,
@@ -63,10 +65,18 @@ def latest_context(lang: str, task_text: str, code: str, status: str, feedback: 
   tag = fence(lang)
   attempt = f"Your previous attempt:\n```{tag}\n{code.strip()}\n```\n" if code.strip() else ""
   user = (f"{task_text}\n\n{attempt}{verdict_text(status, feedback, truncated)}\n"
-          f"Fix the kernel and reply with the complete corrected solution in one ```{tag} block.")
+          f"Fix the kernel and reply with the corrected code, as the contract asks, in one ```{tag} block.")
   return [{"role": "system", "content": system_message(lang)}, {"role": "user", "content": user}]
 
 
 def solution_reply(lang: str, code: str) -> str:
-  """An assistant reply holding `code` in the requested format (the SFT target)."""
+  """An assistant reply holding `code` in the requested format."""
   return f"```{fence(lang)}\n{code.strip()}\n```"
+
+
+def trusted_reply(task, lang: str) -> str:
+  """The reply a task's contract asks for, built from its trusted solution (the SFT target): for a level-0
+  task with a skeleton only the lines that replace the marker, otherwise the whole source."""
+  if skeleton.has_skeleton(task, lang):
+    return solution_reply(lang, skeleton.skeleton_answer(task, lang))
+  return solution_reply(lang, task.solutions[lang])

@@ -20,6 +20,9 @@ import numpy as np
 from flax import nnx
 
 import kernels_eval
+from leap_jax.metrics import episodes as episodes_lib
+from leap_jax.metrics import plots
+from leap_jax.metrics import writer as writer_lib
 from leap_jax.models import ModelConfig, Transformer
 from leap_jax.models import pretrained
 from leap_jax.models import sharding as model_sharding
@@ -97,18 +100,24 @@ def load_policy(cfg: ml_collections.ConfigDict, mesh=None) -> tuple[Transformer,
                                     scan_layers=m.scan_layers, remat=m.remat, mesh=mesh)
 
 
-def select_tasks(lang: str, levels: Sequence[int], split: str, ids: Sequence[str] = ()) -> list[kernels_eval.Task]:
-  """Embedded tasks of `split` at `levels` that have a trusted `lang` solution, optionally only `ids`."""
-  tasks = [t for t in kernels_eval.load_tasks()
-           if t.split == split and t.level in tuple(levels) and lang in t.solutions]
+def select_tasks(lang: str, levels: Sequence[int], split: str, ids: Sequence[str] = (),
+                 folder: str = "") -> list[kernels_eval.Task]:
+  """Tasks of `split` at `levels`, optionally only `ids`.
+
+  Without `folder`: the embedded suite's tasks that have a trusted `lang` solution. With `folder`: every
+  task file there (e.g. the valid tasks `launch/train_generator.py` exports; they carry no solutions and
+  are evaluated as untrusted code).
+  """
+  source = kernels_eval.load_tasks(folder or None)
+  tasks = [t for t in source if t.split == split and t.level in tuple(levels) and (folder or lang in t.solutions)]
   if ids:
-    known = {t.id for t in kernels_eval.load_tasks()}
-    unknown = sorted(set(ids) - known)
+    unknown = sorted(set(ids) - {t.id for t in source})
     if unknown:
-      raise ValueError(f"unknown task ids {unknown}")
+      raise ValueError(f"unknown task ids {unknown}" + (f" in {folder}" if folder else ""))
     tasks = [t for t in tasks if t.id in set(ids)]
   if not tasks:
-    raise ValueError(f"no {lang} tasks with split={split!r} levels={tuple(levels)} ids={tuple(ids)}")
+    where = f"in {folder}" if folder else f"with a {lang} solution in the embedded suite"
+    raise ValueError(f"no tasks {where} with split={split!r} levels={tuple(levels)} ids={tuple(ids)}")
   return tasks
 
 
@@ -238,71 +247,9 @@ def episode_records(batch: RolloutBatch, chat: ChatFormat, limit: int) -> list[d
       result = batch.results.get((p, g, t))
       turns.append({"turn": t + 1, "status": STATUS_NAMES[batch.status[p, g, t]], "reply": reply,
                     "code": batch.codes.get((p, g, t)), "feedback": result.feedback if result is not None else ""})
-    records.append({"task_id": batch.task_ids[p], "episode": e, "valid": bool(batch.valid[p, g]), "turns": turns})
+    records.append({"task_id": batch.task_ids[p], "group": p, "sample": g, "valid": bool(batch.valid[p, g]),
+                    "turns": turns})
   return records
-
-
-class MetricsLog:
-  """Per-step metrics as JSON lines (`<workdir>/metrics.jsonl`) and TensorBoard scalars (`<workdir>/tb`)."""
-
-  def __init__(self, directory: pathlib.Path, tensorboard: bool):
-    directory.mkdir(parents=True, exist_ok=True)
-    self.path = directory / "metrics.jsonl"
-    self.tb = None
-    if tensorboard:
-      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
-      self.tb = SummaryWriter(str(directory / "tb"))
-
-  def write(self, step: int, metrics: dict[str, float]) -> None:
-    with open(self.path, "a") as f:
-      f.write(json.dumps({"step": step, **metrics}, sort_keys=True) + "\n")
-    if self.tb is not None:
-      for k, v in metrics.items():
-        if isinstance(v, (int, float)) and np.isfinite(v):
-          self.tb.add_scalar(k, v, step)
-      self.tb.flush()
-
-  def read(self) -> list[dict[str, float]]:
-    if not self.path.exists():
-      return []
-    with open(self.path) as f:
-      return [json.loads(line) for line in f if line.strip()]
-
-  def close(self) -> None:
-    if self.tb is not None:
-      self.tb.close()
-
-
-PLOTTED = ("pass_rate@1", "active_groups", "generated_tokens", "evaluator_calls", "reward_mean", "loss",
-           "clip_fraction", "approx_kl", "grad_norm", "time_step_s")
-
-
-def plot_metrics(rows: list[dict[str, float]], directory: pathlib.Path) -> list[str]:
-  """One PNG per metric of PLOTTED (and the pass rate by turn) against the step; returns the files."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  directory.mkdir(parents=True, exist_ok=True)
-  files = []
-  steps = [r["step"] for r in rows]
-  pass_keys = sorted(k for k in (rows[0] if rows else {}) if k.startswith("pass_rate@"))
-  for name in ("pass_rate_by_turn",) + PLOTTED:
-    keys = pass_keys if name == "pass_rate_by_turn" else [name]
-    if not rows or not all(k in rows[0] for k in keys):
-      continue
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    for k in keys:
-      ax.plot(steps, [r.get(k, np.nan) for r in rows], marker="o", label=k)
-    ax.set_xlabel("step")
-    ax.set_title(name)
-    if len(keys) > 1:
-      ax.legend()
-    fig.tight_layout()
-    path = directory / f"{name.replace('@', '_at_')}.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    files.append(str(path))
-  return files
 
 
 @dataclasses.dataclass
@@ -339,7 +286,7 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
   if method.timed_score and jax.default_backend() == "cpu":
     echo(f"note: method {method.name} scores speedups only where kernels are timed; on CPU nothing is timed, so "
          f"its per-turn score degenerates to correctness only")
-  tasks = select_tasks(cfg.tasks.lang, cfg.tasks.levels, cfg.tasks.split, cfg.tasks.ids)
+  tasks = select_tasks(cfg.tasks.lang, cfg.tasks.levels, cfg.tasks.split, cfg.tasks.ids, cfg.tasks.folder)
   pool = TaskPool(tasks, seed=cfg.seed)
   settings = rollout_settings(cfg)
   sampler = policy_sampler(policy) if policy_sampler is not None else None
@@ -372,7 +319,13 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
     with open(directory / "precheck.json", "w") as f:
       json.dump(precheck, f, indent=2)
 
-  metrics_log = MetricsLog(directory, cfg.metrics.tensorboard)
+  chief = jax.process_index() == 0
+  writer = writer_lib.MetricsWriter(directory, tensorboard=cfg.metrics.tensorboard,
+                                     progress_bar=cfg.metrics.progress_bar, total_steps=cfg.steps,
+                                     initial_step=first_step, bar_keys=BAR_KEYS, enabled=chief)
+  dumper = episodes_lib.EpisodeDumper(directory, every=cfg.metrics.episode_dump_every,
+                                     max_episodes=cfg.metrics.episodes_per_dump,
+                                     enabled=cfg.metrics.episode_dumps and chief)
   rows_multiple = row_multiple(cfg, mesh)
   with StopRequest() as stop:
     for step in range(first_step, cfg.steps):
@@ -380,21 +333,19 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
       step_tasks = process_slice(pool.draw(settings.num_problems))
       batch = rollout.run(sampling_weights(state.params), step_tasks, step)
       credit = methods_lib.credit(method, batch.success, batch.keep, batch.valid, batch.speedup)
-      train_batch = batching.to_train_batch(batch, credit.advantages, pad_id=policy.pad_id,
-                                            row_multiple=rows_multiple)
+      train_batch = batching.to_train_batch(
+          batch, credit.advantages, pad_id=policy.pad_id, row_multiple=rows_multiple,
+          drop_zero_advantage=cfg.learner.drop_zero_advantage and cfg.learner.kl_beta == 0)
       t1 = time.perf_counter()
       state, learn_metrics = learner.step(state, train_batch)
       t2 = time.perf_counter()
       metrics = batching.rollout_metrics(batch, credit.advantages, credit.reward)
       metrics.update(learn_metrics)
-      metrics.update(time_learn_s=t2 - t1, time_step_s=t2 - t0, train_rows=float(train_batch.batch_size),
-                     train_length=float(train_batch.tokens.shape[1]))
-      metrics_log.write(step, metrics)
-      if cfg.metrics.episode_dumps and step % cfg.metrics.episode_dump_every == 0:
-        (directory / "episodes").mkdir(exist_ok=True)
-        with open(directory / "episodes" / f"step_{step}.jsonl", "w") as f:
-          for record in episode_records(batch, policy.chat, cfg.metrics.episodes_per_dump):
-            f.write(json.dumps(record) + "\n")
+      metrics.update({"time/learn": t2 - t1, "time/step": t2 - t0, "train/rows": float(train_batch.batch_size),
+                      "train/length": float(train_batch.tokens.shape[1])})
+      writer.write(step, metrics)
+      if dumper.enabled and step % dumper.every == 0:
+        dumper.maybe_dump(step, episode_records(batch, policy.chat, dumper.max_episodes))
       echo(_progress_line(step, cfg.steps, metrics, settings.num_turns))
       done = step + 1
       stopping = stop.requested_anywhere()
@@ -404,10 +355,10 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
         echo(f"stop requested: checkpointed step {done}")
         break
   checkpointer.close()
-  history = metrics_log.read()
-  metrics_log.close()
-  if cfg.metrics.plot_at_end and history:
-    plot_metrics(history, directory / "plots")
+  writer.close()
+  history = writer_lib.read_metrics(directory) if (directory / writer_lib.METRICS_FILE).exists() else []
+  if cfg.metrics.plot_at_end and history and chief:
+    plots.plot_workdir(directory)
   heldout = None
   if cfg.heldout.at_end and not stop.requested:
     heldout_tasks = select_tasks(cfg.tasks.lang, cfg.heldout.levels, cfg.heldout.split)
@@ -421,12 +372,17 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
   return TrainResult(history, state, precheck, heldout, time.perf_counter() - started)
 
 
+BAR_KEYS = ("pass_rate/turn_1", "groups/activated_share", "loss", "time/step")
+
+
 def _progress_line(step: int, steps: int, m: dict[str, float], num_turns: int) -> str:
-  passes = " ".join(f"{m[f'pass_rate@{t}']:.2f}" for t in range(1, num_turns + 1) if f"pass_rate@{t}" in m)
-  return (f"step {step + 1}/{steps} pass@turn [{passes}] active {m['active_groups']:.2f} "
-          f"rows {m['generated_rows']:.0f} tokens {m['generated_tokens']:.0f} evals {m['evaluator_calls']:.0f} "
-          f"loss {m['loss']:.4f} clip {m['clip_fraction']:.3f} kl {m['approx_kl']:.2e} "
-          f"gen {m['time_generate_s']:.0f}s eval {m['time_evaluate_s']:.0f}s learn {m['time_learn_s']:.0f}s")
+  passes = " ".join(f"{m[f'pass_rate/turn_{t}']:.2f}" for t in range(1, num_turns + 1)
+                    if f"pass_rate/turn_{t}" in m)
+  return (f"step {step + 1}/{steps} pass@turn [{passes}] active {m['groups/activated_share']:.2f} "
+          f"rows {m['cost/generated_rows']:.0f} tokens {m['cost/generated_tokens']:.0f} "
+          f"evals {m['cost/evaluator_calls']:.0f} loss {m['loss']:.4f} clip {m['clip_fraction']:.3f} "
+          f"kl {m['approx_kl']:.2e} gen {m['time/generate']:.0f}s eval {m['time/evaluate']:.0f}s "
+          f"learn {m['time/learn']:.0f}s")
 
 
 def dry_run(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -454,7 +410,7 @@ def dry_run(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
       policy_mask=jax.ShapeDtypeStruct((rows, length), jnp.bool_),
       advantages=jax.ShapeDtypeStruct((rows, length), jnp.float32),
       old_logprobs=jax.ShapeDtypeStruct((rows, length), jnp.float32))
-  tasks = select_tasks(cfg.tasks.lang, cfg.tasks.levels, cfg.tasks.split, cfg.tasks.ids)
+  tasks = select_tasks(cfg.tasks.lang, cfg.tasks.levels, cfg.tasks.split, cfg.tasks.ids, cfg.tasks.folder)
   leaves = jax.tree.leaves(abstract_params)
   return {
       "params": int(sum(np.prod(x.shape) for x in leaves)),

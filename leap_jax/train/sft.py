@@ -28,6 +28,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+import kernels_eval
 from leap_jax.models import init_cache
 from leap_jax.sampling.logprobs import sequence_logprobs, token_logprobs
 
@@ -182,23 +183,31 @@ def run_sft(model: nnx.Module, examples: Sequence[SFTExample], optimizer: optax.
 
 
 def sft_tasks(cfg) -> list:
-  """Train-split tasks of `sft.levels` plus `sft.extra_ids`, each with a trusted solution in `tasks.lang`."""
+  """Train-split tasks of `sft.levels` plus `sft.extra_ids`, minus `sft.exclude_ids`, each with a trusted
+  solution in `tasks.lang`."""
   from leap_jax.train import loop  # pylint: disable=import-outside-toplevel  (loop does not import sft)
   lang = cfg.tasks.lang
   tasks = loop.select_tasks(lang, cfg.sft.levels, "train")
   if cfg.sft.extra_ids:
     extra = loop.select_tasks(lang, (0, 1, 2, 3), "train", cfg.sft.extra_ids)
     tasks += [t for t in extra if t not in tasks]
+  unknown = sorted(set(cfg.sft.exclude_ids) - {t.id for t in kernels_eval.load_tasks()})
+  if unknown:
+    raise ValueError(f"sft.exclude_ids has unknown task ids {unknown}")
+  tasks = [t for t in tasks if t.id not in set(cfg.sft.exclude_ids)]
+  if not tasks:
+    raise ValueError("sft.levels, sft.extra_ids and sft.exclude_ids leave no SFT task")
   return tasks
 
 
 def build_examples(tasks: Sequence[Any], chat, tokenizer, lang: str) -> list[SFTExample]:
-  """Prompt = the rollout's turn-1 [system, task] chat prompt; reply = the trusted solution, fenced."""
+  """Prompt = the rollout's turn-1 [system, task] chat prompt; reply = what the contract asks for, from the
+  trusted solution (level 0: the lines that complete the skeleton; otherwise the whole source), fenced."""
   import kernels_eval  # pylint: disable=import-outside-toplevel
   from leap_jax.rollout import prompts  # pylint: disable=import-outside-toplevel
   system = prompts.system_message(lang)
   return [make_example(t.id, chat.first_turn(kernels_eval.render_task(t, lang), system),
-                       prompts.solution_reply(lang, t.solutions[lang]), tokenizer, chat.stop_ids[0])
+                       prompts.trusted_reply(t, lang), tokenizer, chat.stop_ids[0])
           for t in tasks]
 
 
@@ -234,7 +243,7 @@ def cold_start(cfg, echo: Callable[[str], None] = print, measure: bool = False, 
     own = evaluator is None
     evaluator = loop.make_evaluator(cfg) if own else evaluator
     policy = loop.Policy.from_model(model, tokenizer, cfg.rollout.max_context_len)
-    pool = loop.select_tasks(cfg.tasks.lang, cfg.tasks.levels, cfg.tasks.split, cfg.tasks.ids)
+    pool = loop.select_tasks(cfg.tasks.lang, cfg.tasks.levels, cfg.tasks.split, cfg.tasks.ids, cfg.tasks.folder)
     check = loop.turn1_pass_rate(cfg, policy, evaluator, pool, cfg.precheck.samples_per_task)
     summary["pass_rate@1"] = check["pass_rate@1"]
     summary["per_task"] = check["per_task"]
