@@ -47,19 +47,19 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.num_problems = 2  # P tasks per step
   c.rollout.group_size = 4  # G episodes per task
   c.rollout.num_turns = 3  # T
-  c.rollout.max_new_tokens = 448  # the trusted level-0/1 solutions are 320-400 tokens
+  c.rollout.max_new_tokens = 128  # level-0 answers are ~20 tokens; level-1 sources (340+) are beyond this policy
   c.rollout.max_context_len = 3072  # KV-cache slots per episode (all turns)
   c.rollout.context = "episode"  # episode (whole conversation) | latest (statement + latest code + feedback)
   c.rollout.truncated_as = "failure"  # failure | invalid
   c.rollout.eval_retries = 2  # retries of evaluator infrastructure errors before a trajectory is invalid
-  c.rollout.temperature = 1.0  # at 0.8 the SFT policy answers level-0 tasks identically within a group
+  c.rollout.temperature = 1.3  # at 0.8-1.0 the SFT policy answers most level-0 tasks identically in a group
   c.rollout.top_p = 1.0
   c.rollout.top_k = 0
   c.rollout.overlap = "auto"  # auto: evaluation overlaps generation only with more than 2 cores | on | off
 
   c.dcp = ml_collections.ConfigDict()
   c.dcp.t_min = -1  # -1: G/2 (rounded up)
-  c.dcp.t_max = -1  # -1: G
+  c.dcp.t_max = 3  # G - 1: all-fail groups (the level-1 tasks, beyond a 135M policy) get no turns 2..T (-1: G)
 
   c.evaluator = ml_collections.ConfigDict()
   c.evaluator.workers = 2  # single-threaded sandboxed worker processes

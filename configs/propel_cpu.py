@@ -42,7 +42,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.solver.attempts = 8  # K
   c.solver.episode_mode = False  # False: an attempt is one turn-1 sample; True: a full T-turn episode
   c.solver.num_turns = 3  # T in episode mode
-  c.solver.temperature = 1.0  # the solver's sampling temperature (configs/default.py rollout.temperature)
+  c.solver.temperature = 1.3  # the solver's sampling temperature (configs/default.py rollout.temperature)
   c.solver.top_p = 1.0
   c.solver.max_new_tokens = 448
   c.solver.max_context_len = 3072
