@@ -59,7 +59,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.dcp = ml_collections.ConfigDict()
   c.dcp.t_min = -1  # -1: G/2 (rounded up)
-  c.dcp.t_max = 3  # G - 1: all-fail groups (the level-1 tasks, beyond a 135M policy) get no turns 2..T (-1: G)
+  c.dcp.t_max = -2  # G - 1: all-fail groups (level-1 tasks are beyond a 135M policy) get no turns 2..T; -1: G
 
   c.evaluator = ml_collections.ConfigDict()
   c.evaluator.workers = 2  # single-threaded sandboxed worker processes

@@ -30,6 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.num_problems = 8
   c.rollout.group_size = 8
   c.rollout.num_turns = 3
+  c.dcp.t_max = -1  # G (LEAP's reading)
   c.rollout.max_new_tokens = 1024
   c.rollout.max_context_len = 6144
   c.rollout.temperature = 1.0

@@ -25,6 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.rollout.num_problems = 2
   c.rollout.group_size = 2
   c.rollout.num_turns = 2
+  c.dcp.t_max = -1  # G (LEAP's reading)
   c.rollout.max_new_tokens = 8
   c.rollout.max_context_len = 2048
   c.rollout.temperature = 1.0

@@ -94,6 +94,7 @@ def test_bad_names_and_thresholds_raise():
     methods.dcp_thresholds(4, 5, -1)
   assert methods.dcp_thresholds(8, -1, -1) == (4, 8)
   assert methods.dcp_thresholds(5, None, 4) == (3, 4)
+  assert methods.dcp_thresholds(8, -1, -2) == (4, 7) and methods.dcp_thresholds(8, 2, -3) == (2, 6)
 
 
 def test_table_lists_every_method():

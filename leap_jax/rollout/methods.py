@@ -70,9 +70,10 @@ def max_turns(method: Method, num_turns: int) -> int:
 
 
 def dcp_thresholds(group_size: int, t_min: int | None, t_max: int | None) -> tuple[int, int]:
-  """LEAP's defaults t_min = G/2 (rounded up) and t_max = G where the config leaves them unset (None or < 0)."""
+  """(t_min, t_max) as failure counts. t_min unset (None or < 0): G/2 rounded up (LEAP). t_max unset (None):
+  G; negative: counted back from G (-1 = G, LEAP's reading; -2 = G - 1, which also prunes all-fail groups)."""
   lo = -(-group_size // 2) if t_min is None or t_min < 0 else int(t_min)
-  hi = group_size if t_max is None or t_max < 0 else int(t_max)
+  hi = group_size if t_max is None else (group_size + 1 + int(t_max) if t_max < 0 else int(t_max))
   if lo > hi:
     raise ValueError(f"DCP thresholds t_min={lo} > t_max={hi}: no group could expand")
   return lo, hi
