@@ -163,7 +163,8 @@ def rollout_settings(cfg: ml_collections.ConfigDict, **overrides) -> RolloutSett
 
 def make_rollout(cfg: ml_collections.ConfigDict, policy: Policy, evaluator, method: methods_lib.Method,
                  settings: RolloutSettings, sampler=None) -> Rollout:
-  dcp = methods_lib.dcp_thresholds(settings.group_size, cfg.dcp.t_min, cfg.dcp.t_max)
+  dcp = (methods_lib.dcp_thresholds(settings.group_size, cfg.dcp.t_min, cfg.dcp.t_max)
+         if method.keep_rule == "dcp" else (0, settings.group_size))  # thresholds only matter to DCP
   return Rollout(sampler or policy.sampler, policy.chat, evaluator, method=method, settings=settings,
                  lang=cfg.tasks.lang, seed=cfg.seed, dcp=dcp)
 
