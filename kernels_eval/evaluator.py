@@ -62,6 +62,14 @@ def source_hash(source: str) -> str:
   return hashlib.sha256(source.encode("utf-8")).hexdigest()
 
 
+def _harness_failure(request: EvalRequest, error: Exception,
+                     prov: schema.Provenance | None = None) -> schema.EvalResult:
+  """The verdict when the evaluator itself failed: an infrastructure error (retried, never penalised)."""
+  return schema.EvalResult(status="runtime_error", stage="static", infra_error=f"evaluator: {error!r}",
+                           provenance=prov or schema.Provenance(), task_id=request.task.id, lang=request.lang,
+                           request_id=request.request_id)
+
+
 def _durations(**kw: float) -> dict[str, float]:
   return {k: round(float(v), 6) for k, v in kw.items()}
 
@@ -139,9 +147,7 @@ class Evaluator:
       self._static_then_job(request, backend, source, key, start, done)
     except Exception as e:  # noqa: BLE001  (a harness bug must not hang the caller)
       if not done.done():
-        done.set_result(schema.EvalResult(status="runtime_error", stage="static", infra_error=f"evaluator: {e!r}",
-                                          task_id=request.task.id, lang=request.lang,
-                                          request_id=request.request_id))
+        done.set_result(_harness_failure(request, e))
 
   def _static_then_job(self, request: EvalRequest, backend: backends.Backend, source: str, key: tuple,
                        start: float, done: concurrent.futures.Future) -> None:
@@ -182,8 +188,7 @@ class Evaluator:
       try:
         result = self._verdict(request, f.result(), prov, base, timeout, trial_inputs, start)
       except Exception as e:  # noqa: BLE001  (a harness bug must not hang the caller)
-        result = schema.EvalResult(status="runtime_error", stage="static", infra_error=f"evaluator: {e!r}",
-                                   provenance=prov, **base)
+        result = _harness_failure(request, e, prov)
       if result.infra_error is None and result.status != "timeout":
         self._remember(key, result)
       done.set_result(result)

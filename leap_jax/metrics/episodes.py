@@ -35,9 +35,13 @@ class EpisodeDumper:
     self.max_episodes = max_episodes
     self.enabled = enabled
 
+  def due(self, step: int) -> bool:
+    """Whether `maybe_dump` writes at `step` (callers can skip building the episodes otherwise)."""
+    return self.enabled and step % self.every == 0
+
   def maybe_dump(self, step: int, episodes: Sequence[Mapping[str, Any]]) -> Optional[str]:
-    """Writes the first `max_episodes` episodes when `step % every == 0`; returns the file path or None."""
-    if not self.enabled or step % self.every:
+    """Writes the first `max_episodes` episodes when `due(step)`; returns the file path or None."""
+    if not self.due(step):
       return None
     chosen = list(episodes)[:self.max_episodes]
     for i, episode in enumerate(chosen):

@@ -345,7 +345,7 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
       metrics.update({"time/learn": t2 - t1, "time/step": t2 - t0, "train/rows": float(train_batch.batch_size),
                       "train/length": float(train_batch.tokens.shape[1])})
       writer.write(step, metrics)
-      if dumper.enabled and step % dumper.every == 0:
+      if dumper.due(step):
         dumper.maybe_dump(step, episode_records(batch, policy.chat, dumper.max_episodes))
       echo(_progress_line(step, cfg.steps, metrics, settings.num_turns))
       done = step + 1
