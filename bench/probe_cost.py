@@ -35,7 +35,7 @@ def main(argv):
   if len(tasks) < n:
     raise SystemExit(f"error: num_tasks={n} but the suite has {len(tasks)} {cfg.lang} tasks at levels 1-3")
   timed = tasks[:n]
-  model, tokenizer = pipeline.load_model(cfg.generator.model, cfg.seed)
+  model, tokenizer = pipeline.load_generator(cfg)
   extractor = activations.ActivationExtractor(model, tokenizer, model_id="bench", batch_size=n,
                                               max_tokens=cfg.probe.max_tokens)
   path = pipeline.probe_dir(cfg) / "probe.npz"

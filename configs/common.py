@@ -46,6 +46,7 @@ def checkpoint() -> ml_collections.ConfigDict:
   c.every = 50                # save every this many train steps (and always on SIGTERM and at the end).
   c.keep = 3                  # number of most recent checkpoints kept on disk.
   c.async_save = True         # write checkpoints in a background thread.
+  c.export_hf = True          # at the end, also write the policy as a HF folder `<workdir>/policy`.
   return c
 
 

@@ -81,6 +81,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.precheck = ml_collections.ConfigDict()
   c.precheck.enabled = True  # measure the turn-1 pass rate on the task pool before RL
   c.precheck.samples_per_task = 1
+  c.precheck.after = True  # measure it again after the last step (same tasks and sampling keys)
 
   c.heldout = ml_collections.ConfigDict()
   c.heldout.split = "eval"  # held-out tasks for launch/eval.py and the end of training

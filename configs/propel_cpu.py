@@ -4,8 +4,11 @@
   python launch/fit_probe.py --config configs/propel_cpu.py
   python launch/train_generator.py --config configs/propel_cpu.py
 
-Numbers from these sizes (N = 32 tasks, 64 RVP samples, 8 audit tasks) are smoke-scale results, not
-paper-scale measurements; `configs/propel_h200.py` has the paper's sizes.
+The solver is the LEAP policy of the main job (`make train` writes it to workdirs/default/policy). A
+135M policy passes level-0 tasks (complete a kernel body) and no level-1 task, so on CPU the generator
+writes level-0 tasks: that is where this solver's frontier is. Numbers from these sizes (N = 32 tasks,
+16 RVP samples, 8 audit tasks, 2 RL steps) are smoke-scale results, not paper-scale measurements;
+`configs/propel_h200.py` has the paper's sizes and levels 1-3.
 """
 import ml_collections
 
@@ -30,21 +33,31 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.generator = ml_collections.ConfigDict()  # the frozen reference generator (also the RL start point)
   c.generator.model = model_section()
-  c.generator.num_shots = 2  # suite tasks (solutions removed) shown per prompt
-  c.generator.max_new_tokens = 640
-  c.generator.max_context_len = 4096
-  c.generator.temperature = 1.0
+  c.generator.model.remat = "full"  # generator RL backpropagates through ~1.7k-token sequences
+  c.generator.levels = (0,)  # levels of generated tasks (suite examples shown from the same levels)
+  c.generator.num_shots = 1  # suite tasks (solutions removed) shown per prompt
+  c.generator.max_new_tokens = 768  # level-0 task files (with their skeleton) are ~600 tokens
+  c.generator.max_context_len = 2048
+  c.generator.temperature = 0.8  # at 1.0 the 135M generator breaks the format in 15 of 16 samples
   c.generator.top_p = 1.0
-  c.generator.batch_size = 8  # generations per sampler call
+  c.generator.batch_size = 16  # generations per sampler call
+  c.generator.sft = ml_collections.ConfigDict()  # cold start: the 135M model answers the prompt with prose
+  c.generator.sft.enabled = True  # fine-tune on suite task files into <workdir>/generator_sft on first use
+  c.generator.sft.steps = 10
+  c.generator.sft.batch_size = 2
+  c.generator.sft.per_task = 2  # prompts (different shots) per suite task
+  c.generator.sft.optim = common.optim()
+  c.generator.sft.optim.learning_rate = 1e-4
+  c.generator.sft.optim.warmup_steps = 1
 
   c.solver = ml_collections.ConfigDict()  # the solver whose pass rates define the frontier
-  c.solver.model = model_section()  # base = a trained LEAP checkpoint folder (HF) for a trained solver
+  c.solver.model = model_section("workdirs/default/policy")  # the LEAP policy (HF folder) of `make train`
   c.solver.attempts = 8  # K
   c.solver.episode_mode = False  # False: an attempt is one turn-1 sample; True: a full T-turn episode
   c.solver.num_turns = 3  # T in episode mode
   c.solver.temperature = 1.3  # the solver's sampling temperature (configs/default.py rollout.temperature)
   c.solver.top_p = 1.0
-  c.solver.max_new_tokens = 448
+  c.solver.max_new_tokens = 128  # as configs/default.py: level-0 answers are ~20 tokens
   c.solver.max_context_len = 3072
   c.solver.context = "episode"
 
@@ -63,21 +76,21 @@ def get_config() -> ml_collections.ConfigDict:
   c.probe.hidden = 0  # > 0: one-hidden-layer MLP probe of this width
   c.probe.steps = 500
   c.probe.heldout_fraction = 0.25
-  c.probe.rvp_samples = 64  # base-generator generations over which RVP (reward variance) is measured
+  c.probe.rvp_samples = 16  # base-generator generations over which RVP (reward variance) is measured
   c.probe.r_bad = -0.2
   c.probe.max_tokens = 2048  # rendered task text cut to this many tokens
   c.probe.second_probe = ""  # path of another probe .npz: reward = min over both (worst case)
 
   c.rl = ml_collections.ConfigDict()
-  c.rl.steps = 4
+  c.rl.steps = 2
   c.rl.num_prompts = 2  # P prompts per step
   c.rl.group_size = 4  # G generations per prompt
-  c.rl.audit_every = 4  # real-solver audit every this many steps (and before step 0)
+  c.rl.audit_every = 2  # real-solver audit every this many steps (and before step 0)
   c.rl.audit_tasks = 8  # M
   c.rl.export_dir = ""  # task folder of valid generated tasks; "" = <workdir>/generated_tasks
 
   c.optim = common.optim()
-  c.optim.learning_rate = 1e-6
+  c.optim.learning_rate = 1e-5  # two steps at CPU sizes; propel_h200.py uses 1e-6 over 200
   c.learner = common.learner()
   c.learner.kl_beta = 0.05  # PROPEL code setting (0.02 collapsed)
   c.learner.aggregation = "sequence_mean"

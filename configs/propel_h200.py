@@ -12,9 +12,16 @@ def get_config() -> ml_collections.ConfigDict:
   c.scale = "paper"
   c.workdir = "workdirs/propel_h200"
   c.generator.model.dtype = "bfloat16"
+  c.generator.levels = (1, 2, 3)
+  c.generator.num_shots = 2
+  c.generator.temperature = 1.0
+  c.generator.max_context_len = 4096
+  c.generator.sft.enabled = False  # an instruct model of a few billion parameters writes the format as asked
   c.generator.max_new_tokens = 1024
   c.generator.batch_size = 64
+  c.solver.model.base = "workdirs/h200/policy"  # the LEAP policy of configs/h200.py
   c.solver.model.dtype = "bfloat16"
+  c.solver.max_new_tokens = 2048
   c.solver.attempts = 8
   c.evaluator.workers = 8
   c.corpus.num_tasks = 4000

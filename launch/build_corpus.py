@@ -11,21 +11,21 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from leap_jax.train import loop  # noqa: E402
 from probe import corpus  # noqa: E402
-from probe import generator  # noqa: E402
 from probe import pipeline  # noqa: E402
 
 
 def main(argv):
   cfg = loop.parse_config(argv)
+  echo = lambda s: print(s, flush=True)  # noqa: E731
   out = pipeline.corpus_dir(cfg)
-  model, tokenizer = pipeline.load_model(cfg.generator.model, cfg.seed)
+  model, tokenizer = pipeline.load_generator(cfg, echo)
   source = pipeline.make_source(cfg, model, tokenizer)
   with pipeline.make_evaluator(cfg) as evaluator:
     solver = pipeline.make_solver(cfg, evaluator)
     records = corpus.build_corpus(
-        out, source=source, solver=solver, checker=generator.TaskChecker(), num_tasks=cfg.corpus.num_tasks,
+        out, source=source, solver=solver, checker=pipeline.make_checker(cfg), num_tasks=cfg.corpus.num_tasks,
         seed=cfg.seed, band=tuple(cfg.corpus.band), batch_size=cfg.generator.batch_size,
-        metadata=pipeline.corpus_metadata(cfg), log=lambda s: print(s, flush=True))
+        metadata=pipeline.corpus_metadata(cfg), log=echo)
   summary = corpus.corpus_summary(records)
   print(f"corpus {out}: " + json.dumps(summary) + " " + pipeline.scale_note(cfg), flush=True)
 

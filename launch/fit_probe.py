@@ -38,7 +38,7 @@ def relabel(cfg, records, echo):
     out = pipeline.corpus_dir(cfg).with_name(pipeline.corpus_dir(cfg).name + f"-relabel-{name}")
     echo(f"relabelling {len(records)} corpus tasks with solver {solver.metadata['checkpoint']} into {out}")
     return corpus.build_corpus(out, source=corpus.RecordedSource(records), solver=solver,
-                               checker=generator.TaskChecker(), num_tasks=len(records), seed=cfg.seed,
+                               checker=pipeline.make_checker(cfg), num_tasks=len(records), seed=cfg.seed,
                                band=tuple(cfg.corpus.band), batch_size=cfg.generator.batch_size,
                                metadata=pipeline.corpus_metadata(cfg), log=echo)
 
@@ -51,7 +51,7 @@ def rvp_sample(cfg, model, tokenizer, echo) -> list[dict]:
     if len(rows) == cfg.probe.rvp_samples:
       return rows
   source = pipeline.make_source(cfg, model, tokenizer)
-  checker = generator.TaskChecker(remember=False)
+  checker = pipeline.make_checker(cfg, remember=False)
   seeds = [corpus.task_seed(cfg.seed, RVP_SEED_OFFSET + i) for i in range(cfg.probe.rvp_samples)]
   rows = []
   for start in range(0, len(seeds), cfg.generator.batch_size):
@@ -82,7 +82,7 @@ def main(argv):
   if len(set(y.tolist())) < 2:
     raise SystemExit(f"error: all {len(y)} valid corpus tasks have label {int(y[0])}; a probe needs in-band and "
                      "out-of-band tasks (more tasks, another band, or another solver)")
-  model, tokenizer = pipeline.load_model(cfg.generator.model, cfg.seed)
+  model, tokenizer = pipeline.load_generator(cfg, echo)
   layers = tuple(cfg.probe.layers) or (activations.default_layer(model.config.num_layers),)
   rows = rvp_sample(cfg, model, tokenizer, echo)
   texts = [activations.task_text(task_lib.parse_task_source(r.text, "<corpus>"), cfg.lang) for r in labelled]
@@ -102,7 +102,7 @@ def main(argv):
   linear.save_probe(out / "probe.npz", best["params"])
   report = {"chosen": {k: v for k, v in best.items() if k != "params"}, "candidates": table,
             "corpus": str(pipeline.corpus_dir(cfg)), "relabelled": bool(flags.FLAGS.relabel),
-            "model_id": pipeline.model_id(cfg.generator.model), "scale": cfg.scale,
+            "model_id": pipeline.generator_id(cfg), "scale": cfg.scale,
             "evaluator_version": kernels_eval.schema.SCHEMA_VERSION}
   (out / "report.json").write_text(json.dumps(report, indent=1, default=float))
   for row in table:

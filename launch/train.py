@@ -14,6 +14,12 @@ from leap_jax.train import loop  # noqa: E402
 from leap_jax.train import sft  # noqa: E402
 
 
+def _echo(line: str) -> None:
+  """Prints above the progress bar, flushed so that a redirected log shows each line as it happens."""
+  tqdm.tqdm.write(line)
+  sys.stdout.flush()
+
+
 def main(argv):
   cfg = loop.parse_config(argv)
   if cfg.distributed.enabled:
@@ -24,7 +30,7 @@ def main(argv):
     print(f"no SFT checkpoint in {loop.sft_dir(cfg)}: running cold-start SFT first", flush=True)
     summary = sft.cold_start(cfg, echo=lambda s: print(s, flush=True))
     print(f"SFT done in {summary['seconds']:.0f} s, final nll {summary['final_nll']:.4f}", flush=True)
-  result = loop.train(cfg, echo=tqdm.tqdm.write)  # keeps the per-step lines apart from the progress bar
+  result = loop.train(cfg, echo=_echo)
   last = result.history[-1] if result.history else {}
   print(f"done in {result.seconds:.0f} s; workdir {os.path.abspath(cfg.workdir)}; final step metrics: "
         + ", ".join(f"{k}={last[k]:.4g}" for k in ("pass_rate/turn_1", "groups/activated_share", "reward/mean", "loss", "grad_norm") if k in last),

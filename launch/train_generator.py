@@ -41,13 +41,13 @@ def main(argv):
   probes = [linear.load_probe(probe_path)]
   if cfg.probe.second_probe:
     probes.append(linear.load_probe(cfg.probe.second_probe))
-  model, tokenizer = pipeline.load_model(cfg.generator.model, cfg.seed)
+  model, tokenizer = pipeline.load_generator(cfg, echo)
   source = pipeline.make_source(cfg, model, tokenizer)
   graphdef = source.sampler.graphdef
   ref_params = jax.tree.map(jnp.array, source.params)
   extractor = pipeline.make_extractor(cfg, nnx.merge(graphdef, ref_params), tokenizer, chosen["layer"])
   reward = reward_lib.ProbeReward(extractor, probes, lang=cfg.lang, r_bad=cfg.probe.r_bad)
-  checker = generator.TaskChecker(remember=False)
+  checker = pipeline.make_checker(cfg, remember=False)
   learner = Learner(model_logprob_fn(graphdef, temperature=cfg.generator.temperature), make_optimizer(cfg.optim),
                     LearnerConfig.from_configs(cfg.learner, cfg.optim))
   run_dir = pipeline.workdir(cfg) / "generator"

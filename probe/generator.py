@@ -1,7 +1,8 @@
 """Task generation in the suite's own file format: the prompt, parsing, validity and near-duplicate checks.
 
 A generated task is *valid* iff
-  1. the reply holds a task file that `kernels_eval` parses (FORMAT.md, static checks on `reference`),
+  1. the reply holds a task file that `kernels_eval` parses (FORMAT.md, static checks on `reference`) at one
+     of the requested levels (level 0 tasks carry their SKELETON, as in the suite),
   2. `kernels_eval.validate_task` accepts it (reference runs in the sandbox, outputs are not degenerate), and
   3. its normalised source hash differs from every known task's (suite tasks and earlier generations).
 Every failure carries a reason: "parse: ...", "invalid: ...", "duplicate: ...".
@@ -25,23 +26,29 @@ import kernels_eval
 from kernels_eval import task as task_lib
 
 GENERATED_LEVELS = (1, 2, 3)
-_STRIPPED = ("SOLUTIONS", "SKELETON")
-_IGNORED_IN_HASH = ("ID", "SPLIT", "STATEMENT") + _STRIPPED
+LEVEL_MEANINGS = {0: "0 complete the kernel body", 1: "1 single op", 2: "2 fusion", 3: "3 small block"}
+_STRIPPED = ("SOLUTIONS",)  # a level-0 SKELETON is part of the task (the scaffold the solver completes)
+_IGNORED_IN_HASH = ("ID", "SPLIT", "STATEMENT", "SOLUTIONS", "SKELETON")
 _FENCE_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
-INSTRUCTIONS = """\
-You design GPU-kernel programming tasks. A task is one Python file in this exact format:
-- top-level imports only `import jax`, `import jax.numpy as jnp`, `from jax import lax`, `import math`;
-- literals ID (lower-case [a-z0-9_]), LEVEL (1 single op, 2 fusion, 3 small block), SPLIT = "train", FAMILY,
-  STATEMENT (what to compute, in plain words), DIMS ({"check": [...], "timing": {...}}, one check entry with a
-  size that is not a power of two), INPUTS (name, shape, dtype, dist), optional TOLERANCE;
-- a function `reference(<input names>)` written with jnp/jax/lax that returns one array.
-Do not write any solution. Here are tasks of the suite:
-"""
+
+def instructions(levels: Sequence[int] = GENERATED_LEVELS) -> str:
+  """The generator's task-format instructions for tasks at `levels`."""
+  level_text = ", ".join(LEVEL_MEANINGS[level] for level in levels)
+  skeleton = ("- at level 0, SKELETON = {\"pallas\": \"<a Pallas kernel with the line(s) that compute the result "
+              "replaced by  # >>> your code here <<<>\"};\n" if 0 in levels else "")
+  return ("You design GPU-kernel programming tasks. A task is one Python file in this exact format:\n"
+          "- top-level imports only `import jax`, `import jax.numpy as jnp`, `from jax import lax`, `import math`;\n"
+          f"- literals ID (lower-case [a-z0-9_]), LEVEL ({level_text}), SPLIT = \"train\", FAMILY,\n"
+          "  STATEMENT (what to compute, in plain words), DIMS ({\"check\": [...], \"timing\": {...}}, one check "
+          "entry with a\n  size that is not a power of two), INPUTS (name, shape, dtype, dist), optional TOLERANCE;\n"
+          "- a function `reference(<input names>)` written with jnp/jax/lax that returns one array;\n"
+          f"{skeleton}"
+          "Do not write any solution. Here are tasks of the suite:\n")
 
 
 def strip_solutions(text: str) -> str:
-  """The task file without its SOLUTIONS / SKELETON assignments (source lines removed, the rest verbatim)."""
+  """The task file without its SOLUTIONS assignment (source lines removed, the rest verbatim)."""
   tree = ast.parse(text)
   lines = text.splitlines(keepends=True)
   drop = set()
@@ -59,19 +66,21 @@ def suite_examples(levels: Sequence[int] = GENERATED_LEVELS) -> list[str]:
           if t.level in tuple(levels)]
 
 
-def generator_prompt(examples: Sequence[str], *, num_shots: int = 2, seed: int = 0) -> str:
-  """The user message asking for one new task, with `num_shots` examples drawn by `seed`.
+def generator_prompt(examples: Sequence[str], *, num_shots: int = 2, seed: int = 0,
+                     levels: Sequence[int] = GENERATED_LEVELS) -> str:
+  """The user message asking for one new task at `levels`, with `num_shots` examples drawn by `seed`.
 
   Args:
-    examples: task file texts without solutions (`suite_examples()`).
+    examples: task file texts without solutions (`suite_examples(levels)`).
     num_shots: examples shown.
     seed: which examples (numpy Generator over `examples`).
+    levels: the levels a new task may have (named in the instructions).
   """
   if not 0 < num_shots <= len(examples):
     raise ValueError(f"num_shots={num_shots} must be in [1, {len(examples)}]")
   pick = np.random.default_rng(seed).choice(len(examples), num_shots, replace=False)
   shots = "\n".join(f"```python\n{examples[i].strip()}\n```\n" for i in sorted(pick))
-  return (f"{INSTRUCTIONS}\n{shots}\nWrite one new task, different from these, as a single ```python "
+  return (f"{instructions(levels)}\n{shots}\nWrite one new task, different from these, as a single ```python "
           "block.")
 
 
@@ -145,14 +154,16 @@ class TaskChecker:
 
   Args:
     known_texts: task files that count as existing (default: the embedded suite).
+    levels: the levels a generated task may have.
     validate: `fn(task) -> kernels_eval.TaskVerdict` (default `kernels_eval.validate_task` with `cache_dir`).
     cache_dir: validation verdict cache (kernels_eval's default when None).
     remember: add each valid task's hash to the known set (so later copies are duplicates).
   """
 
-  def __init__(self, known_texts: Iterable[str] | None = None, *,
+  def __init__(self, known_texts: Iterable[str] | None = None, *, levels: Sequence[int] = GENERATED_LEVELS,
                validate: Callable[[task_lib.Task], kernels_eval.TaskVerdict] | None = None,
                cache_dir: str | None = None, remember: bool = True):
+    self.levels = tuple(levels)
     if known_texts is None:
       known_texts = [pathlib.Path(t.path).read_text() for t in kernels_eval.load_tasks()]
     self.known = {normalized_hash(t) for t in known_texts}
@@ -166,8 +177,8 @@ class TaskChecker:
       task = task_lib.parse_task_source(text, "<generated>")
     except task_lib.TaskFormatError as e:
       return GeneratedTask(text, None, False, f"parse: {e.field}: {e.problem}", norm)
-    if task.level not in GENERATED_LEVELS:
-      return GeneratedTask(text, task, False, f"parse: LEVEL: {task.level} is not one of {GENERATED_LEVELS}", norm)
+    if task.level not in self.levels:
+      return GeneratedTask(text, task, False, f"parse: LEVEL: {task.level} is not one of {self.levels}", norm)
     if norm in self.known:
       return GeneratedTask(text, task, False, "duplicate: same normalised source as an existing task", norm)
     key = runtime_key(task)

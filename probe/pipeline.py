@@ -1,6 +1,7 @@
 """Builds PROPEL's parts from a config (configs/propel_cpu.py): models, generator source, solver, checker, paths."""
 from __future__ import annotations
 
+import os
 import pathlib
 from typing import Any
 
@@ -9,11 +10,15 @@ import ml_collections
 import kernels_eval
 from kernels_eval import schema
 from kernels_eval import validate
+from leap_jax.models import pretrained
 from leap_jax.rollout import harness
+from leap_jax.sampling import ChatFormat
 from leap_jax.sampling import SamplingParams
 from leap_jax.train import loop
+from leap_jax.train import optim
 from probe import activations
 from probe import generator as generator_lib
+from probe import generator_sft
 from probe import sources
 
 
@@ -52,16 +57,58 @@ def model_id(section: ml_collections.ConfigDict) -> str:
   return str(section.base) if section.base != "random" else f"random-{section.arch.get('hidden_size')}"
 
 
+def generator_sft_dir(cfg) -> pathlib.Path:
+  return workdir(cfg) / "generator_sft"
+
+
+def generator_id(cfg) -> str:
+  """Names the frozen reference generator: the base model, and its cold-start SFT when enabled."""
+  g = cfg.generator
+  if not g.sft.enabled:
+    return model_id(g.model)
+  return (f"{model_id(g.model)}+sft(levels={list(g.levels)},shots={g.num_shots},steps={g.sft.steps},"
+          f"batch={g.sft.batch_size},lr={g.sft.optim.learning_rate:g},seed={cfg.seed})")
+
+
+def load_generator(cfg, echo=print):
+  """(Transformer, tokenizer) of the frozen reference generator: `generator.model`, or its cold-start SFT
+  (`generator.sft`, probe/generator_sft.py) trained into <workdir>/generator_sft on first use."""
+  g = cfg.generator
+  if not g.sft.enabled:
+    return load_model(g.model, cfg.seed)
+  folder = generator_sft_dir(cfg)
+  if (folder / "config.json").is_file():
+    return load_model(_with_base(g.model, str(folder)), cfg.seed)
+  model, tokenizer = load_model(g.model, cfg.seed)
+  echo(f"no generator SFT checkpoint in {folder}: running the generator's cold-start SFT first")
+  summary = generator_sft.cold_start(
+      model, tokenizer, ChatFormat(tokenizer), folder, levels=tuple(g.levels), num_shots=g.num_shots,
+      steps=g.sft.steps, batch_size=g.sft.batch_size, optimizer=optim.make_optimizer(g.sft.optim), seed=cfg.seed,
+      per_task=g.sft.per_task, echo=echo)
+  echo(f"generator SFT done in {summary['seconds']:.0f} s, final nll {summary['final_nll']:.4f} -> {folder}")
+  return model, tokenizer
+
+
+def _with_base(section: ml_collections.ConfigDict, base: str) -> ml_collections.ConfigDict:
+  section = ml_collections.ConfigDict(section.to_dict())
+  section.base = base
+  return section
+
+
 def make_source(cfg, model, tokenizer) -> sources.ModelTaskSource:
   g = cfg.generator
   policy = loop.Policy.from_model(model, tokenizer, cache_len=g.max_context_len)
-  return sources.ModelTaskSource(policy.sampler, policy.params, policy.chat, generator_lib.suite_examples(),
-                                 num_shots=g.num_shots, max_new_tokens=g.max_new_tokens,
+  levels = tuple(g.levels)
+  return sources.ModelTaskSource(policy.sampler, policy.params, policy.chat, generator_lib.suite_examples(levels),
+                                 num_shots=g.num_shots, levels=levels, max_new_tokens=g.max_new_tokens,
                                  sampling=SamplingParams(temperature=g.temperature, top_p=g.top_p))
 
 
 def make_solver(cfg, evaluator, seed: int | None = None) -> sources.RolloutSolver:
   s = cfg.solver
+  if s.model.base not in pretrained.EMBEDDED and s.model.base != "random" and not os.path.exists(s.model.base):
+    raise FileNotFoundError(f"solver.model.base {s.model.base!r} does not exist: train the LEAP solver first "
+                            "(launch/train.py writes <workdir>/policy) or point it at a HF folder")
   model, tokenizer = load_model(s.model, cfg.seed)
   policy = loop.Policy.from_model(model, tokenizer, cache_len=s.max_context_len)
   settings = harness.RolloutSettings(num_problems=1, group_size=s.attempts, num_turns=s.num_turns,
@@ -72,17 +119,23 @@ def make_solver(cfg, evaluator, seed: int | None = None) -> sources.RolloutSolve
                                checkpoint=model_id(s.model), evaluator_version=evaluator_version())
 
 
+def make_checker(cfg, *, remember: bool = True) -> generator_lib.TaskChecker:
+  """Validity checks for generations at `generator.levels` (suite tasks count as known)."""
+  return generator_lib.TaskChecker(levels=tuple(cfg.generator.levels), remember=remember)
+
+
 def make_evaluator(cfg) -> kernels_eval.Evaluator:
   return kernels_eval.Evaluator(workers=cfg.evaluator.workers, timeout_s=cfg.evaluator.timeout_s or None)
 
 
 def make_extractor(cfg, model, tokenizer, layer: int | None) -> activations.ActivationExtractor:
-  return activations.ActivationExtractor(model, tokenizer, model_id=model_id(cfg.generator.model), layer=layer,
+  return activations.ActivationExtractor(model, tokenizer, model_id=generator_id(cfg), layer=layer,
                                          cache_dir=workdir(cfg) / "features", max_tokens=cfg.probe.max_tokens)
 
 
 def corpus_metadata(cfg) -> dict[str, Any]:
   g = cfg.generator
-  return {"generator": {"model": model_id(g.model), "num_shots": g.num_shots, "max_new_tokens": g.max_new_tokens,
+  return {"generator": {"model": generator_id(cfg), "levels": list(g.levels), "num_shots": g.num_shots,
+                        "max_new_tokens": g.max_new_tokens,
                         "temperature": g.temperature, "top_p": g.top_p},
           "evaluator_version": evaluator_version(), "lang": cfg.lang}

@@ -30,22 +30,26 @@ class ModelTaskSource:
     sampler: a `leap_jax.sampling.Sampler` of the generator model.
     params: its weights.
     chat: its `ChatFormat`.
-    examples: few-shot task files (`generator.suite_examples()`).
+    examples: few-shot task files (`generator.suite_examples(levels)`).
     num_shots: examples per prompt.
+    levels: the levels the prompt asks for.
     max_new_tokens: reply budget.
     sampling: SamplingParams.
   """
 
   def __init__(self, sampler, params, chat, examples: Sequence[str], *, num_shots: int = 2,
-               max_new_tokens: int = 768, sampling: sampler_lib.SamplingParams = sampler_lib.SamplingParams()):
+               levels: Sequence[int] = generator_lib.GENERATED_LEVELS, max_new_tokens: int = 768,
+               sampling: sampler_lib.SamplingParams = sampler_lib.SamplingParams()):
     self.sampler, self.params, self.chat = sampler, params, chat
     self.examples = list(examples)
     self.num_shots = num_shots
+    self.levels = tuple(levels)
     self.max_new_tokens = max_new_tokens
     self.sampling = sampling
 
   def prompts(self, seeds: Sequence[int]) -> list[list[int]]:
-    return [self.chat.first_turn(generator_lib.generator_prompt(self.examples, num_shots=self.num_shots, seed=s))
+    return [self.chat.first_turn(generator_lib.generator_prompt(self.examples, num_shots=self.num_shots, seed=s,
+                                                                levels=self.levels))
             for s in seeds]
 
   def sample(self, params, seeds: Sequence[int]) -> tuple[list[list[int]], list[sampler_lib.Completion]]:

@@ -75,3 +75,16 @@ def test_dry_run_rejects_bad_values():
   cfg.tasks.ids = ("no_such_task",)
   with pytest.raises(ValueError, match="no_such_task"):
     loop.dry_run(cfg)
+
+
+def test_propel_configs_name_generator_levels_and_solver():
+  from probe import pipeline  # pylint: disable=import-outside-toplevel
+  cpu = _parse("--config.generator.sft.steps=3", config="configs/propel_cpu.py")
+  gpu = _parse(config="configs/propel_h200.py")
+  assert tuple(cpu.generator.levels) == (0,) and tuple(gpu.generator.levels) == (1, 2, 3)
+  assert cpu.solver.model.base == "workdirs/default/policy" and gpu.solver.model.base == "workdirs/h200/policy"
+  assert pipeline.generator_id(cpu).startswith("smollm2-135m-instruct+sft(levels=[0],shots=1,steps=3,")
+  assert pipeline.generator_id(gpu) == gpu.generator.model.base  # no cold start at paper scale
+  cpu.solver.model.base = "no/such/folder"
+  with pytest.raises(FileNotFoundError, match="solver.model.base 'no/such/folder' does not exist"):
+    pipeline.make_solver(cpu, evaluator=None)

@@ -21,6 +21,7 @@ from probe import activations
 from probe import corpus
 from probe import generator
 from probe import generator_rl
+from probe import generator_sft
 from probe import linear
 from probe import reward as reward_lib
 from probe import sources
@@ -75,6 +76,29 @@ def test_checks_carry_reasons(tmp_path):
   assert generator.extract_task_source(reply) == toy_text("hi")
 
 
+def test_level0_generation_keeps_the_skeleton(tmp_path):
+  examples = generator.suite_examples((0,))
+  assert examples and all(task_lib.SKELETON_MARKER in e and "SOLUTIONS" not in e for e in examples)
+  prompt = generator.generator_prompt(examples, num_shots=2, seed=1, levels=(0,))
+  assert "LEVEL (0 complete the kernel body)" in prompt and "SKELETON = " in prompt
+  assert "0 complete" not in generator.generator_prompt(generator.suite_examples(), num_shots=2, seed=1)
+  relu = next(t for t in kernels_eval.load_tasks() if t.id == "relu")
+  new = generator.strip_solutions(open(relu.path).read()).replace("jnp.maximum(x, 0.0)", "jnp.maximum(x, 0.5)")
+  assert generator.TaskChecker(cache_dir=tmp_path).check(new).reason == "parse: LEVEL: 0 is not one of (1, 2, 3)"
+  checker = generator.TaskChecker(levels=(0,), cache_dir=tmp_path)
+  assert checker.check(toy_text("level one")).reason == "parse: LEVEL: 1 is not one of (0,)"
+  no_skeleton = new[:new.index("SKELETON = ")]
+  assert checker.check(no_skeleton).reason.startswith("parse: SKELETON: level 0 needs")
+  checked = checker.check(new)
+  assert checked.valid, checked.reason
+  [path] = generator.export_tasks([checked.text], tmp_path / "pool")
+  [task] = kernels_eval.load_tasks(tmp_path / "pool")
+  assert task.level == 0 and task.id == path.stem and task.skeleton
+  answer, wrong = (kernels_eval.evaluate(task, line, "pallas", stages="correctness")
+                   for line in ("out = jnp.maximum(x, 0.5)", "out = jnp.maximum(x, 0.0)"))
+  assert answer.status == "correct" and wrong.status == "wrong_output", (answer.feedback, wrong.feedback)
+
+
 def test_export_loads_as_task_folder(tmp_path):
   texts = [toy_text("a"), toy_text("b"), TASK.format(statement="c").replace("1.5", "2.5")]
   paths = generator.export_tasks(texts, tmp_path / "pool")
@@ -91,7 +115,7 @@ def test_export_loads_as_task_folder(tmp_path):
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
   examples = ["Write words like " + " ".join(WORDS)]
-  tok = word_tokenizer([generator.INSTRUCTIONS, examples[0], TASK, " ".join(WORDS),
+  tok = word_tokenizer([generator.instructions(), examples[0], TASK, " ".join(WORDS),
                         kernels_eval.render_task(kernels_eval.load_tasks()[12], "pallas")])
   chat = ChatFormat(tok)
   model = tiny_model(len(tok), layers=1, width=32)
@@ -147,3 +171,18 @@ def test_grpo_steps_move_the_probe_reward(toy):
   after, _ = mean_reward(state.params)
   print(f"toy generator GRPO: mean probe reward {before:.3f} -> {after:.3f} after 6 steps")
   assert after > before + 0.3, (before, after)
+
+
+def test_generator_sft_examples_hold_out_their_target():
+  tok = loop._load_tokenizer("smollm2-135m-instruct")  # pylint: disable=protected-access
+  chat = ChatFormat(tok)
+  examples = generator.suite_examples((0,))
+  pairs = generator_sft.sft_examples(examples, chat, tok, num_shots=1, levels=(0,), seed=0, per_task=2)
+  assert len(pairs) == 2 * len(examples)
+  for i, pair in enumerate(pairs):
+    target = examples[i // 2].strip()
+    prompt, reply = tok.decode(pair.prompt), tok.decode(pair.reply[:-1])
+    assert reply == f"```python\n{target}\n```" and pair.reply[-1] == chat.stop_ids[0]
+    assert target not in prompt and prompt.count("```python\n") == 1 and "LEVEL (0 complete" in prompt
+  with pytest.raises(ValueError, match="num_shots"):
+    generator_sft.sft_examples(examples[:1], chat, tok, num_shots=1, levels=(0,), seed=0)

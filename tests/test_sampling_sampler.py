@@ -123,6 +123,21 @@ def test_continue_equals_reencoding_history(tiny, sampler):
   np.testing.assert_array_equal(third[1].tokens, reference_greedy(graphdef, state, row0, 5))
 
 
+def test_attention_window_smaller_than_the_cache(tiny):
+  """With S = 512, calls read only the slots their positions reach (32-64): same tokens as the reference."""
+  cfg, graphdef, state = tiny
+  big = Sampler(graphdef, cfg, cache_len=512, stop_ids=(STOP,), pad_id=0)
+  assert big._window(32 + 12) == 64 and big._window(600) == 512
+  st, first = big.start(state, PROMPTS, 1, jax.random.key(0), max_new_tokens=12, sampling=GREEDY)
+  for prompt, c in zip(PROMPTS, first):
+    np.testing.assert_array_equal(c.tokens, reference_greedy(graphdef, state, prompt, 12))
+  _, second = big.continue_(state, st, [2, 0], [[30, 31], [32]], jax.random.key(1), max_new_tokens=9,
+                            sampling=GREEDY)
+  for c, turn in zip(second, ([30, 31], [32])):
+    history = PROMPTS[c.row] + first[c.row].tokens.tolist() + turn
+    np.testing.assert_array_equal(c.tokens, reference_greedy(graphdef, state, history, 9))
+
+
 def test_cache_overflow_truncates_rows_not_the_batch(tiny):
   cfg, graphdef, state = tiny
   small = Sampler(graphdef, cfg, cache_len=24, stop_ids=(), min_bucket=8)

@@ -2,7 +2,9 @@
 
 A scripted test double replays each task's trusted solution as the turn-1 reply of sample 0 of
 every group, so the real evaluator returns `correct` for those and the random policy fails the
-rest: groups are mixed, advantages are nonzero and the parameters must move.
+rest: groups are mixed, advantages are nonzero and the parameters must move. The pool's turn-1
+pass rate before and after RL (2 samples per task) is then exactly 1/2, and the held-out
+evaluation (one trajectory per task, each one a replay) solves every task at turn 1.
 """
 import json
 import re
@@ -16,6 +18,7 @@ from flax import nnx
 import kernels_eval
 from configs import smoke
 from leap_jax.models import Transformer
+from leap_jax.models import pretrained
 from leap_jax.rollout import prompts
 from leap_jax.sampling import Completion, sequence_logprobs
 from leap_jax.train import loop
@@ -60,6 +63,10 @@ class ReplayPolicy:
 def run(tmp_path_factory):
   cfg = smoke.get_config()
   cfg.workdir = str(tmp_path_factory.mktemp("smoke"))
+  cfg.precheck.enabled = True
+  cfg.precheck.after = True
+  cfg.precheck.samples_per_task = 2
+  cfg.heldout.at_end = True
   replays = []
 
   def make(policy):
@@ -73,7 +80,9 @@ def run(tmp_path_factory):
 def test_two_steps_train_on_mixed_groups(run):
   cfg, result, replay = run
   assert [row["step"] for row in result.history] == [0, 1]
-  assert replay.replayed == 2 * cfg.rollout.num_problems
+  pool = loop.select_tasks(cfg.tasks.lang, cfg.tasks.levels, cfg.tasks.split)
+  heldout = loop.select_tasks(cfg.tasks.lang, cfg.heldout.levels, cfg.heldout.split)
+  assert replay.replayed == 2 * cfg.rollout.num_problems + 2 * len(pool) + len(heldout)
   for m in result.history:
     assert m["status/correct"] > 0  # the real evaluator accepted the replayed trusted solutions
     assert m["pass_rate/turn_1"] == pytest.approx(0.5)
@@ -96,3 +105,27 @@ def test_parameters_changed_and_outputs_written(run):
   assert len(lines) == 2 and "time/learn" in json.loads(lines[0])
   episodes = [json.loads(l) for l in (workdir / "episodes" / "step_0000000.jsonl").read_text().splitlines()]
   assert episodes[0]["turns"][0]["status"] == "correct" and "def solution" in episodes[0]["turns"][0]["code"]
+
+
+def test_pass_rates_before_and_after_rl_and_heldout(run):
+  cfg, result, _ = run
+  pool = loop.select_tasks(cfg.tasks.lang, cfg.tasks.levels, cfg.tasks.split)
+  for check in (result.precheck, result.postcheck):
+    assert check["pass_rate@1"] == pytest.approx(0.5)  # sample 0 replays, sample 1 is the random policy's
+    assert check["per_task"] == {t.id: 0.5 for t in pool}
+  workdir = loop.workdir(cfg)
+  assert json.loads((workdir / "postcheck.json").read_text())["pass_rate@1"] == pytest.approx(0.5)
+  assert result.heldout["Acc@1"] == result.heldout["Acc@2"] == 1.0
+  assert all(turn == 1 for turn in result.heldout["solved_by_turn"].values())
+
+
+def test_final_policy_exported_and_latest_checkpoint_restored(run):
+  cfg, result, _ = run
+  flat = lambda tree: jax.tree.leaves(jax.tree.map(np.asarray, tree))  # noqa: E731
+  policy, step = loop.latest_policy(cfg)
+  assert step == 2
+  for a, b in zip(flat(policy.params), flat(result.state.params), strict=True):
+    np.testing.assert_array_equal(a, b)
+  exported, _ = pretrained.load_pretrained(loop.policy_dir(cfg), scan_layers=cfg.model.scan_layers)
+  for a, b in zip(flat(nnx.state(exported)), flat(result.state.params), strict=True):
+    np.testing.assert_array_equal(a, b)

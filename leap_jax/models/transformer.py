@@ -77,7 +77,7 @@ class Attention(nnx.Module):
     return y
 
   def __call__(self, x: jax.Array, sin: jax.Array, cos: jax.Array, positions: jax.Array,
-               cache: tuple[jax.Array, jax.Array, jax.Array | int] | None
+               cache: tuple[jax.Array, jax.Array, jax.Array | int] | None, attend_len: int | None = None
                ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """[B, L, D] -> [B, L, D].
 
@@ -86,6 +86,7 @@ class Attention(nnx.Module):
       sin, cos: f32[B, L, d/2] RoPE angles of `positions`.
       positions: int32[B, L].
       cache: None, or (k, v, layer) with k, v [N, B, K, S, d] and layer the index to read and write.
+      attend_len: with a cache, read only slots [0, attend_len) (static; every position must be below it).
 
     Returns:
       The attention output and the updated (k, v), or None without a cache.
@@ -107,8 +108,10 @@ class Attention(nnx.Module):
       # Slots past the cache end are dropped.
       k_all = k_all.at[layer, rows, :, positions].set(k.astype(k_all.dtype), mode="drop")
       v_all = v_all.at[layer, rows, :, positions].set(v.astype(v_all.dtype), mode="drop")
-      keys, values = k_all[layer].astype(x.dtype), v_all[layer].astype(x.dtype)
-      key_positions = jnp.broadcast_to(jnp.arange(k_all.shape[3]), (B, k_all.shape[3]))
+      window = k_all.shape[3] if attend_len is None else min(attend_len, k_all.shape[3])
+      keys = k_all[layer, :, :, :window].astype(x.dtype)
+      values = v_all[layer, :, :, :window].astype(x.dtype)
+      key_positions = jnp.broadcast_to(jnp.arange(window), (B, window))
       new_cache = (k_all, v_all)
     mask = key_positions[:, None, :] <= positions[:, :, None]  # [B, L, S]
     q = q.reshape(B, L, K, H // K, d)
@@ -144,9 +147,9 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.weight_dtype)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, sin, cos, positions, cache):
+  def __call__(self, x, sin, cos, positions, cache, attend_len=None):
     """[B, L, D] -> ([B, L, D], updated cache or None); arguments as in `Attention.__call__`."""
-    a, cache = self.attn(self.attn_norm(x), sin, cos, positions, cache)
+    a, cache = self.attn(self.attn_norm(x), sin, cos, positions, cache, attend_len)
     h = x + a
     return h + self.mlp(self.mlp_norm(h)), cache
 
@@ -180,7 +183,8 @@ class Transformer(nnx.Module):
                       preferred_element_type=jnp.float32)
 
   def __call__(self, tokens: jax.Array, positions: jax.Array, cache: Cache | None = None, *,
-               hidden_layers: tuple[int, ...] = (), return_logits: bool = True) -> ModelOutput:
+               hidden_layers: tuple[int, ...] = (), return_logits: bool = True,
+               attend_len: int | None = None) -> ModelOutput:
     """Runs the decoder.
 
     Args:
@@ -191,6 +195,9 @@ class Transformer(nnx.Module):
       hidden_layers: indices i in [0, N] (negative counts from N + 1) of residual streams to return:
         i is the input of layer i, 0 the embedding output, N the last layer's output before the final norm.
       return_logits: compute f32[B, L, V] logits.
+      attend_len: with a cache, attention reads only slots [0, attend_len) (a static int; every position
+        must be below it). Samplers set it to the positions a call can reach, so a call's attention cost
+        follows its episodes' lengths instead of the cache size S.
 
     Returns:
       ModelOutput(logits, cache, hidden, final_hidden).
@@ -210,7 +217,7 @@ class Transformer(nnx.Module):
         if hidden is not None:
           hidden = jnp.where(record == index, x[None], hidden)
         layer = nnx.merge(graphdef, layer_state)
-        x, kv = layer(x, sin, cos, positions, None if kv is None else (*kv, index))
+        x, kv = layer(x, sin, cos, positions, None if kv is None else (*kv, index), attend_len)
         return x, hidden, kv
       if cfg.remat == "full":
         return jax.checkpoint(step, prevent_cse=not cfg.scan_layers)

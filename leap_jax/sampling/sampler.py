@@ -124,8 +124,9 @@ class SamplerState:
 
 
 def _decode(model, cache, logits, first_position, last, keys, done, *, params: SamplingParams,
-            max_new_tokens: int, stop_ids: tuple[int, ...], cache_len: int, pad_id: int):
-  """Samples up to T tokens per row after a prefill.
+            max_new_tokens: int, stop_ids: tuple[int, ...], cache_len: int, pad_id: int, attend_len: int):
+  """Samples up to T tokens per row after a prefill; attention reads slots [0, attend_len), which must hold
+  every position the call writes.
 
   Args:
     model: the merged Transformer.
@@ -170,7 +171,7 @@ def _decode(model, cache, logits, first_position, last, keys, done, *, params: S
     i, cache, tokens, logprobs, last, count, reason = carry
     # Finished rows re-feed their last token at its own position: an idempotent cache write.
     positions = jnp.maximum(first_position + count - 1, 0)[:, None]
-    out = model(last[:, None], positions, cache, return_logits=False)
+    out = model(last[:, None], positions, cache, return_logits=False, attend_len=attend_len)
     logits = model.logits_from_hidden(out.final_hidden[:, 0])
     tokens, logprobs, last, count, reason = take(i, logits, tokens, logprobs, last, count, reason)
     return i + 1, out.cache, tokens, logprobs, last, count, reason
@@ -221,37 +222,43 @@ class Sampler:
     self.min_bucket = int(min_bucket)
     self.cache_dtype = cache_dtype
     self._start = jax.jit(self._start_impl, static_argnames=("num_samples", "max_new_tokens", "params"))
-    self._continue = jax.jit(self._continue_impl, static_argnames=("max_new_tokens", "params"),
+    self._continue = jax.jit(self._continue_impl, static_argnames=("max_new_tokens", "params", "window"),
                              donate_argnames=("cache",))
 
-  def _decode_kwargs(self, params: SamplingParams, max_new_tokens: int) -> dict:
+  def _window(self, end: int) -> int:
+    """Cache slots a call reads when its positions stay below `end`: a power of two, at most S."""
+    return min(bucket_length(end, self.min_bucket), self.cache_len)
+
+  def _decode_kwargs(self, params: SamplingParams, max_new_tokens: int, window: int) -> dict:
     return dict(params=params, max_new_tokens=max_new_tokens, stop_ids=self.stop_ids,
-                cache_len=self.cache_len, pad_id=self.pad_id)
+                cache_len=self.cache_len, pad_id=self.pad_id, attend_len=window)
 
   def _start_impl(self, weights, prompts, lengths, done, keys, *, num_samples, max_new_tokens, params):
     model = nnx.merge(self.graphdef, weights)
     P, Lp = prompts.shape
     cache = init_cache(self.cfg, P, self.cache_len, self.cache_dtype)
     positions = jnp.broadcast_to(jnp.arange(Lp, dtype=jnp.int32), (P, Lp))
-    out = model(prompts, positions, cache, return_logits=False)
+    out = model(prompts, positions, cache, return_logits=False, attend_len=Lp)
     logits = _last_logits(model, out.final_hidden, lengths)
     repeat = functools.partial(jnp.repeat, repeats=num_samples, axis=0)
     cache = {name: jnp.repeat(c, num_samples, axis=1) for name, c in out.cache.items()}
     last = prompts[jnp.arange(P), jnp.clip(lengths - 1, 0, Lp - 1)]
     return _decode(model, cache, repeat(logits), repeat(lengths), repeat(last), keys, done,
-                   **self._decode_kwargs(params, max_new_tokens))
+                   **self._decode_kwargs(params, max_new_tokens, self._window(Lp + max_new_tokens)))
 
-  def _continue_impl(self, weights, cache, rows, tokens, starts, lengths, keys, *, max_new_tokens, params):
+  def _continue_impl(self, weights, cache, rows, tokens, starts, lengths, keys, *, max_new_tokens, params,
+                     window):
     model = nnx.merge(self.graphdef, weights)
     R, Lp = tokens.shape
     sub = {name: jnp.take(c, rows, axis=1, mode="clip") for name, c in cache.items()}
     positions = starts[:, None] + jnp.arange(Lp, dtype=jnp.int32)[None, :]
-    out = model(tokens, positions, sub, return_logits=False)
+    # Padding positions of a row may pass the window: their keys are written but no real query reads them.
+    out = model(tokens, positions, sub, return_logits=False, attend_len=window)
     logits = _last_logits(model, out.final_hidden, lengths)
     sub, new_tokens, logprobs, count, reason = _decode(
         model, out.cache, logits, starts + lengths, tokens[jnp.arange(R), lengths - 1], keys,
         jnp.zeros((R,), bool),
-        **self._decode_kwargs(params, max_new_tokens))
+        **self._decode_kwargs(params, max_new_tokens, window))
     cache = {name: c.at[:, rows].set(sub[name], mode="drop") for name, c in cache.items()}
     return cache, new_tokens, logprobs, count, reason
 
@@ -345,7 +352,8 @@ class Sampler:
       keys = all_keys[np.concatenate([live, np.full(R - len(live), live[0])])]
       cache, new, logprobs, count, reason = self._continue(
           weights, state.cache, jnp.asarray(index), jnp.asarray(tokens), jnp.asarray(starts),
-          jnp.asarray(lengths), keys, max_new_tokens=max_new_tokens, params=sampling)
+          jnp.asarray(lengths), keys, max_new_tokens=max_new_tokens, params=sampling,
+          window=self._window(int((starts + lengths).max()) + max_new_tokens))
       state = dataclasses.replace(state, cache=cache, lengths=state.lengths.copy(),
                                   last_tokens=state.last_tokens.copy())
       for i in live:

@@ -55,6 +55,11 @@ def sft_dir(cfg: ml_collections.ConfigDict) -> pathlib.Path:
   return pathlib.Path(cfg.sft.checkpoint_dir) if cfg.sft.checkpoint_dir else workdir(cfg) / "sft"
 
 
+def policy_dir(cfg: ml_collections.ConfigDict) -> pathlib.Path:
+  """The final RL policy as a HF folder (written at the end of `train`, or by launch/export_policy.py)."""
+  return workdir(cfg) / "policy"
+
+
 def has_sft_checkpoint(cfg: ml_collections.ConfigDict) -> bool:
   return (sft_dir(cfg) / "config.json").is_file()
 
@@ -170,10 +175,11 @@ def make_rollout(cfg: ml_collections.ConfigDict, policy: Policy, evaluator, meth
 
 
 def turn1_pass_rate(cfg: ml_collections.ConfigDict, policy: Policy, evaluator, tasks: Sequence[Any],
-                    samples_per_task: int, step: int = PRECHECK_STEP) -> dict[str, float]:
+                    samples_per_task: int, step: int = PRECHECK_STEP, sampler=None) -> dict[str, float]:
   """Share of turn-1 samples that pass, over `tasks` x `samples_per_task`.
 
-  Tasks are sampled in chunks of at most the training batch's P*G rows (the memory a step needs).
+  Tasks are sampled in chunks of at most the training batch's P*G rows (the memory a step needs),
+  by `sampler` (default: the policy's own).
   """
   chunk = max(1, cfg.rollout.num_problems * cfg.rollout.group_size // samples_per_task)
   grpo = methods_lib.get_method("grpo")
@@ -181,7 +187,7 @@ def turn1_pass_rate(cfg: ml_collections.ConfigDict, policy: Policy, evaluator, t
   for i in range(0, len(tasks), chunk):
     part = list(tasks[i:i + chunk])
     settings = rollout_settings(cfg, num_problems=len(part), group_size=samples_per_task, num_turns=1)
-    batch = make_rollout(cfg, policy, evaluator, grpo, settings).run(policy.params, part, step=step + i)
+    batch = make_rollout(cfg, policy, evaluator, grpo, settings, sampler).run(policy.params, part, step=step + i)
     success = batch.success[:, :, 0]
     passed += int(success[batch.valid].sum())
     valid += int(batch.valid.sum())
@@ -191,10 +197,10 @@ def turn1_pass_rate(cfg: ml_collections.ConfigDict, policy: Policy, evaluator, t
 
 
 def heldout_accuracy(cfg: ml_collections.ConfigDict, policy: Policy, evaluator, tasks: Sequence[Any],
-                     num_turns: int, step: int = HELDOUT_STEP) -> dict[str, Any]:
+                     num_turns: int, step: int = HELDOUT_STEP, sampler=None) -> dict[str, Any]:
   """Acc@1..Acc@T: one trajectory per problem, every unsolved trajectory gets all T turns (no pruning)."""
   settings = rollout_settings(cfg, num_problems=len(tasks), group_size=1, num_turns=num_turns)
-  rollout = make_rollout(cfg, policy, evaluator, methods_lib.get_method("leap_no_dcp"), settings)
+  rollout = make_rollout(cfg, policy, evaluator, methods_lib.get_method("leap_no_dcp"), settings, sampler)
   batch = rollout.run(policy.params, tasks, step=step)
   solved_by = np.cumsum(batch.success & batch.generated, axis=-1)[:, 0, :] > 0  # [P, T]
   out: dict[str, Any] = {f"Acc@{t + 1}": float(solved_by[:, t].mean()) for t in range(num_turns)}
@@ -255,12 +261,14 @@ def episode_records(batch: RolloutBatch, chat: ChatFormat, limit: int) -> list[d
 
 @dataclasses.dataclass
 class TrainResult:
-  """What `train` returns: per-step metrics, the final train state, pass rates and the held-out result."""
+  """What `train` returns: per-step metrics, the final train state, the pool's turn-1 pass rates before
+  and after RL, and the held-out result."""
   history: list[dict[str, float]]
   state: Any
   precheck: dict[str, Any] | None
   heldout: dict[str, Any] | None
   seconds: float
+  postcheck: dict[str, Any] | None = None
 
 
 def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], Any] | None = None,
@@ -269,8 +277,8 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
 
   Args:
     cfg: the run config (configs/default.py).
-    policy_sampler: optional factory policy -> sampler-like object used for rollouts instead of the
-      policy's own Sampler (tests use it to script some episodes).
+    policy_sampler: optional factory policy -> sampler-like object used for rollouts, pass-rate checks and
+      the held-out evaluation instead of the policy's own Sampler (tests use it to script some episodes).
     evaluator: optional evaluator (default: `make_evaluator(cfg)`).
     echo: progress printer.
   """
@@ -314,7 +322,7 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
   precheck = None
   if cfg.precheck.enabled and first_step == 0:
     precheck = turn1_pass_rate(cfg, dataclasses.replace(policy, params=state.params), evaluator, tasks,
-                               cfg.precheck.samples_per_task)
+                               cfg.precheck.samples_per_task, sampler=sampler)
     echo(f"turn-1 pass rate before RL: {precheck['pass_rate@1']:.3f} over {len(tasks)} tasks x "
          f"{cfg.precheck.samples_per_task} samples ({precheck['seconds']:.0f} s)")
     with open(directory / "precheck.json", "w") as f:
@@ -357,20 +365,34 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
         break
   checkpointer.close()
   writer.close()
+  if cfg.checkpoint.export_hf and not stop.requested:
+    final = dataclasses.replace(policy, params=sampling_weights(state.params))  # every process joins the gather
+    if chief:
+      echo(f"final policy written to {export_policy(final, policy_dir(cfg))} (HF folder)")
   history = writer_lib.read_metrics(directory) if (directory / writer_lib.METRICS_FILE).exists() else []
   if cfg.metrics.plot_at_end and history and chief:
     plots.plot_workdir(directory)
+  postcheck = None
+  if cfg.precheck.enabled and cfg.precheck.after and not stop.requested:
+    # The precheck's tasks and sampling keys again: before and after are a paired comparison.
+    postcheck = turn1_pass_rate(cfg, dataclasses.replace(policy, params=state.params), evaluator, tasks,
+                                cfg.precheck.samples_per_task, sampler=sampler)
+    before = f" (before: {precheck['pass_rate@1']:.3f})" if precheck is not None else ""
+    echo(f"turn-1 pass rate after RL: {postcheck['pass_rate@1']:.3f}{before} over {len(tasks)} tasks x "
+         f"{cfg.precheck.samples_per_task} samples ({postcheck['seconds']:.0f} s)")
+    with open(directory / "postcheck.json", "w") as f:
+      json.dump(postcheck, f, indent=2)
   heldout = None
   if cfg.heldout.at_end and not stop.requested:
     heldout_tasks = select_tasks(cfg.tasks.lang, cfg.heldout.levels, cfg.heldout.split)
     heldout = heldout_accuracy(cfg, dataclasses.replace(policy, params=state.params), evaluator, heldout_tasks,
-                               cfg.heldout.num_turns)
+                               cfg.heldout.num_turns, sampler=sampler)
     echo("held-out " + " ".join(f"{k}={v:.3f}" for k, v in heldout.items() if k.startswith("Acc@")))
     with open(directory / "heldout.json", "w") as f:
       json.dump(heldout, f, indent=2)
   if own_evaluator:
     evaluator.close()
-  return TrainResult(history, state, precheck, heldout, time.perf_counter() - started)
+  return TrainResult(history, state, precheck, heldout, time.perf_counter() - started, postcheck)
 
 
 BAR_KEYS = ("pass_rate/turn_1", "groups/activated_share", "loss", "time/step")
@@ -479,12 +501,8 @@ def parse_config(argv: Sequence[str], flag_values=None, flag: str = "config") ->
   return config
 
 
-def evaluate_checkpoint(cfg: ml_collections.ConfigDict, evaluator=None,
-                        echo: Callable[[str], None] = print) -> dict[str, Any]:
-  """Held-out Acc@1..Acc@T of the latest RL checkpoint in the workdir (else the starting policy).
-
-  Writes `<workdir>/heldout_eval.json` and returns the result with the evaluated "step" (0 = no RL).
-  """
+def latest_policy(cfg: ml_collections.ConfigDict) -> tuple[Policy, int]:
+  """(policy, step) of the latest RL checkpoint in the workdir; (the starting policy, 0) without one."""
   model, tokenizer = load_policy(cfg)
   policy = Policy.from_model(model, tokenizer, cfg.rollout.max_context_len)
   del model
@@ -499,6 +517,24 @@ def evaluate_checkpoint(cfg: ml_collections.ConfigDict, evaluator=None,
     checkpointer.close()
     if restored is not None:
       policy.params, step = restored["state"].params, int(restored["step"])
+  return policy, step
+
+
+def export_policy(policy: Policy, out_dir: str | os.PathLike) -> pathlib.Path:
+  """Writes the policy as a HF folder (safetensors + config + tokenizer) that `model.base` and the PROPEL
+  solver (`solver.model.base`) load."""
+  from leap_jax.models.hf_io import save_hf_checkpoint  # pylint: disable=import-outside-toplevel
+  save_hf_checkpoint(nnx.merge(policy.graphdef, policy.params), policy.tokenizer, out_dir)
+  return pathlib.Path(out_dir)
+
+
+def evaluate_checkpoint(cfg: ml_collections.ConfigDict, evaluator=None,
+                        echo: Callable[[str], None] = print) -> dict[str, Any]:
+  """Held-out Acc@1..Acc@T of the latest RL checkpoint in the workdir (else the starting policy).
+
+  Writes `<workdir>/heldout_eval.json` and returns the result with the evaluated "step" (0 = no RL).
+  """
+  policy, step = latest_policy(cfg)
   own = evaluator is None
   evaluator = make_evaluator(cfg) if own else evaluator
   tasks = select_tasks(cfg.tasks.lang, cfg.heldout.levels, cfg.heldout.split)
