@@ -89,7 +89,7 @@ def run(out_dir: str | os.PathLike, prefill_batch: int = 16, prefill_len: int = 
     first = jnp.full((B,), prompt_len, jnp.int32)
     _, out, _, count, _ = _decode(model, cache, logits, first, last, keys, jnp.zeros((B,), bool),
                                   params=greedy, max_new_tokens=new_tokens, stop_ids=(), cache_len=cache_len,
-                                  pad_id=0)
+                                  pad_id=0, attend_len=cache_len)
     return out, count
 
   decode_fn = jax.jit(decode)
