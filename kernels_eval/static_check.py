@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import threading
 
 MAX_SOURCE_BYTES = 64 << 10
 PALLAS_MODULES = frozenset({"jax", "jax.numpy", "jax.lax", "jax.experimental.pallas",
@@ -189,11 +190,25 @@ class _Checker(ast.NodeVisitor):
     self.visit(tree)
 
 
+_AST_LOCK = threading.Lock()
+
+
+def parse_python(source: str, filename: str = "<unknown>") -> ast.Module:
+  """`ast.parse` under a process-wide lock.
+
+  The evaluator parses on several parent threads, and CPython 3.11's AST constructor keeps a global
+  recursion counter that concurrent parses corrupt ("SystemError: AST constructor recursion depth
+  mismatch"). Parent-process code of kernels_eval and probe parses through this function.
+  """
+  with _AST_LOCK:
+    return ast.parse(source, filename=filename)
+
+
 def _parse(source: str, filename: str) -> ast.Module | Rejection:
   if len(source.encode("utf-8")) > MAX_SOURCE_BYTES:
     return Rejection("source_too_large", f"source exceeds {MAX_SOURCE_BYTES} bytes")
   try:
-    return ast.parse(source, filename=filename)
+    return parse_python(source, filename)
   except SyntaxError as e:
     text = (e.text or "").rstrip()
     return Rejection("syntax_error", f"{e.msg}" + (f": {text.strip()!r}" if text else ""), e.lineno)
@@ -217,7 +232,7 @@ def check_pallas_candidate(source: str, input_names: list[str]) -> Rejection | N
   problem = check_python(source, PALLAS_MODULES)
   if problem is not None:
     return problem
-  tree = ast.parse(source)
+  tree = parse_python(source)
   defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "solution"]
   assigned = [n for n in tree.body if isinstance(n, ast.Assign)
               and any(isinstance(t, ast.Name) and t.id == "solution" for t in n.targets)]

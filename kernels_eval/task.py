@@ -192,7 +192,7 @@ def parse_task_source(text: str, path: str | pathlib.Path, *, trusted: bool = Fa
   """Parses one task file's text. Raises TaskFormatError naming `path` and the field."""
   path = pathlib.Path(path)
   try:
-    tree = ast.parse(text, filename=str(path))
+    tree = static_check.parse_python(text, str(path))
   except SyntaxError as e:
     raise TaskFormatError(path, f"line {e.lineno}", f"syntax error: {e.msg}") from None
   values: dict[str, Any] = {}

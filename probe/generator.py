@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 import kernels_eval
+from kernels_eval import static_check
 from kernels_eval import task as task_lib
 
 GENERATED_LEVELS = (1, 2, 3)
@@ -49,7 +50,7 @@ def instructions(levels: Sequence[int] = GENERATED_LEVELS) -> str:
 
 def strip_solutions(text: str) -> str:
   """The task file without its SOLUTIONS assignment (source lines removed, the rest verbatim)."""
-  tree = ast.parse(text)
+  tree = static_check.parse_python(text)
   lines = text.splitlines(keepends=True)
   drop = set()
   for node in tree.body:
@@ -95,7 +96,7 @@ def extract_task_source(reply: str) -> str:
 def normalized_source(text: str) -> str:
   """Source with the fields of the module docstring dropped, comments/whitespace removed, lower-cased."""
   try:
-    tree = ast.parse(text)
+    tree = static_check.parse_python(text)
   except SyntaxError:
     body = re.sub(r"#[^\n]*", "", text)
   else:
@@ -193,7 +194,7 @@ class TaskChecker:
 
 
 def _replace_literal(text: str, name: str, value: str) -> str:
-  tree = ast.parse(text)
+  tree = static_check.parse_python(text)
   lines = text.splitlines(keepends=True)
   for node in tree.body:
     if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id == name:

@@ -375,3 +375,38 @@ def test_static_checks_run_in_parallel_threads(monkeypatch):
     results = ev.evaluate_many([ke.EvalRequest(task, task.solutions["pallas"] + f"# {i}\n", "pallas_barrier",
                                                "static", f"r{i}") for i in range(2)])
   assert [(r.status, r.stage, r.infra_error) for r in results] == [("not_run", "static", None)] * 2
+
+
+def test_parse_python_is_safe_on_parallel_threads():
+  """The evaluator parses on several threads; unlocked `ast.parse` on CPython 3.11 raises SystemError
+  ("AST constructor recursion depth mismatch") when a finaliser switches threads mid-parse."""
+  import concurrent.futures  # pylint: disable=import-outside-toplevel
+  import gc  # pylint: disable=import-outside-toplevel
+  import time  # pylint: disable=import-outside-toplevel
+  from kernels_eval import static_check  # pylint: disable=import-outside-toplevel
+  source = "\n".join(pathlib.Path(t.path).read_text() for t in ke.load_tasks()[:8])
+
+  class Cycle:  # collected by the GC, whose finaliser yields the GIL
+    def __init__(self):
+      self.me = self
+
+    def __del__(self):
+      time.sleep(0)
+
+  def parse(_):
+    for _ in range(3):
+      Cycle()
+    try:
+      static_check.parse_python(source)
+      return None
+    except SystemError as e:
+      return str(e)
+
+  old = gc.get_threshold()
+  gc.set_threshold(50, 1, 1)
+  try:
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+      errors = [e for e in pool.map(parse, range(600)) if e]
+  finally:
+    gc.set_threshold(*old)
+  assert not errors, errors[:3]
