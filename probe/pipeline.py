@@ -90,7 +90,7 @@ def load_generator(cfg, echo=print):
 
 
 def _with_base(section: ml_collections.ConfigDict, base: str) -> ml_collections.ConfigDict:
-  section = ml_collections.ConfigDict(section.to_dict())
+  section = section.copy_and_resolve_references()
   section.base = base
   return section
 

@@ -319,14 +319,21 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
   policy.params = None
   first_step = int(state.step)
 
+  def pool_check(name: str, when: str, params: Any, before: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The pool's turn-1 pass rate under `params`, echoed and written to `<workdir>/<name>.json` (the
+    same tasks and sampling keys every time, so before and after RL are a paired comparison)."""
+    check = turn1_pass_rate(cfg, dataclasses.replace(policy, params=params), evaluator, tasks,
+                            cfg.precheck.samples_per_task, sampler=sampler)
+    was = f" (before: {before['pass_rate@1']:.3f})" if before is not None else ""
+    echo(f"turn-1 pass rate {when}: {check['pass_rate@1']:.3f}{was} over {len(tasks)} tasks x "
+         f"{cfg.precheck.samples_per_task} samples ({check['seconds']:.0f} s)")
+    with open(directory / f"{name}.json", "w") as f:
+      json.dump(check, f, indent=2)
+    return check
+
   precheck = None
   if cfg.precheck.enabled and first_step == 0:
-    precheck = turn1_pass_rate(cfg, dataclasses.replace(policy, params=state.params), evaluator, tasks,
-                               cfg.precheck.samples_per_task, sampler=sampler)
-    echo(f"turn-1 pass rate before RL: {precheck['pass_rate@1']:.3f} over {len(tasks)} tasks x "
-         f"{cfg.precheck.samples_per_task} samples ({precheck['seconds']:.0f} s)")
-    with open(directory / "precheck.json", "w") as f:
-      json.dump(precheck, f, indent=2)
+    precheck = pool_check("precheck", "before RL", state.params)
 
   chief = jax.process_index() == 0
   writer = writer_lib.MetricsWriter(directory, tensorboard=cfg.metrics.tensorboard,
@@ -374,14 +381,7 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
     plots.plot_workdir(directory)
   postcheck = None
   if cfg.precheck.enabled and cfg.precheck.after and not stop.requested:
-    # The precheck's tasks and sampling keys again: before and after are a paired comparison.
-    postcheck = turn1_pass_rate(cfg, dataclasses.replace(policy, params=state.params), evaluator, tasks,
-                                cfg.precheck.samples_per_task, sampler=sampler)
-    before = f" (before: {precheck['pass_rate@1']:.3f})" if precheck is not None else ""
-    echo(f"turn-1 pass rate after RL: {postcheck['pass_rate@1']:.3f}{before} over {len(tasks)} tasks x "
-         f"{cfg.precheck.samples_per_task} samples ({postcheck['seconds']:.0f} s)")
-    with open(directory / "postcheck.json", "w") as f:
-      json.dump(postcheck, f, indent=2)
+    postcheck = pool_check("postcheck", "after RL", state.params, before=precheck)
   heldout = None
   if cfg.heldout.at_end and not stop.requested:
     heldout_tasks = select_tasks(cfg.tasks.lang, cfg.heldout.levels, cfg.heldout.split)
