@@ -33,10 +33,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.generator = ml_collections.ConfigDict()  # the frozen reference generator (also the RL start point)
   c.generator.model = model_section()
-  c.generator.model.remat = "full"  # generator RL backpropagates through ~1.7k-token sequences
+  c.generator.model.remat = "full"  # generator RL backpropagates through ~1.1k-token sequences
   c.generator.levels = (0,)  # levels of generated tasks (suite examples shown from the same levels)
-  c.generator.num_shots = 1  # suite tasks (solutions removed) shown per prompt
-  c.generator.max_new_tokens = 768  # level-0 task files (with their skeleton) are ~600 tokens
+  c.generator.num_shots = 2  # suite tasks (solutions and skeletons removed) shown per prompt
+  c.generator.max_new_tokens = 384  # level-0 task files are ~250 tokens (the harness writes the skeleton)
   c.generator.max_context_len = 2048
   c.generator.temperature = 0.8  # at 1.0 the 135M generator breaks the format in 15 of 16 samples
   c.generator.top_p = 1.0
@@ -66,8 +66,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.evaluator.timeout_s = 0.0
 
   c.corpus = ml_collections.ConfigDict()
-  c.corpus.num_tasks = 32  # N generations labelled (invalid ones included, with their reason)
-  c.corpus.band = (1, 3)  # y = 1[a <= passes <= b] of K
+  c.corpus.num_tasks = 64  # N generations labelled (invalid ones included, with their reason)
+  # y = 1[a <= passes <= b] of K. PROPEL's 1..3 of 8 is empty here: the 135M solver passes 5-8 of 8 on every
+  # valid generated level-0 task. 1..7 is the band in which a LEAP group of 8 carries a gradient (neither
+  # all-pass nor all-fail; DCP's activation range with t_max = G - 1). propel_h200.py keeps 1..3.
+  c.corpus.band = (1, 7)
   c.corpus.dir = ""  # "" = <workdir>/corpus
 
   c.probe = ml_collections.ConfigDict()

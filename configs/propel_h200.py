@@ -25,6 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.solver.attempts = 8
   c.evaluator.workers = 8
   c.corpus.num_tasks = 4000
+  c.corpus.band = (1, 3)  # PROPEL: 1..3 of 8
   c.probe.layers = (6, 10, 14)
   c.probe.l2s = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
   c.probe.rvp_samples = 512

@@ -188,8 +188,13 @@ def _import_key(node: ast.stmt) -> set[tuple]:
           for a in node.names} if node.level == 0 else {("relative",)}
 
 
-def parse_task_source(text: str, path: str | pathlib.Path, *, trusted: bool = False) -> Task:
-  """Parses one task file's text. Raises TaskFormatError naming `path` and the field."""
+def parse_task_source(text: str, path: str | pathlib.Path, *, trusted: bool = False,
+                      require_skeleton: bool = True) -> Task:
+  """Parses one task file's text. Raises TaskFormatError naming `path` and the field.
+
+  `require_skeleton=False` accepts a level-0 task without its SKELETON (one whose scaffold is still to be
+  written, as for generated tasks).
+  """
   path = pathlib.Path(path)
   try:
     tree = static_check.parse_python(text, str(path))
@@ -251,7 +256,7 @@ def parse_task_source(text: str, path: str | pathlib.Path, *, trusted: bool = Fa
   tolerance = _check_tolerance(path, values.get("TOLERANCE", {}))
   solutions = _check_str_dict(path, "SOLUTIONS", values.get("SOLUTIONS", {}))
   skeleton = _check_str_dict(path, "SKELETON", values.get("SKELETON", {}))
-  if level == 0 and SKELETON_MARKER not in skeleton.get("pallas", ""):
+  if require_skeleton and level == 0 and SKELETON_MARKER not in skeleton.get("pallas", ""):
     raise TaskFormatError(path, "SKELETON", f"level 0 needs SKELETON['pallas'] containing {SKELETON_MARKER!r}")
   return Task(id=tid, level=level, split=values["SPLIT"], family=values["FAMILY"],
               statement=values["STATEMENT"].strip(), dims=dims, inputs=inputs, tolerance=tolerance,

@@ -73,6 +73,10 @@ def main(argv):
     raise SystemExit(f"error: no corpus records in {pipeline.corpus_dir(cfg)}; run launch/build_corpus.py first")
   if flags.FLAGS.relabel:
     records = relabel(cfg, records, echo)
+  band, built = tuple(cfg.corpus.band), tuple(corpus.read_meta(pipeline.corpus_dir(cfg))["band"])
+  if band != built:
+    echo(f"labels: corpus.band {band} applied to the stored pass counts (the corpus was built with band {built})")
+  records = corpus.with_band(records, band)
   labelled = [r for r in records if r.valid]
   if not labelled:
     raise SystemExit("error: the corpus has no valid tasks to fit a probe on")
@@ -101,7 +105,7 @@ def main(argv):
   out.mkdir(parents=True, exist_ok=True)
   linear.save_probe(out / "probe.npz", best["params"])
   report = {"chosen": {k: v for k, v in best.items() if k != "params"}, "candidates": table,
-            "corpus": str(pipeline.corpus_dir(cfg)), "relabelled": bool(flags.FLAGS.relabel),
+            "corpus": str(pipeline.corpus_dir(cfg)), "relabelled": bool(flags.FLAGS.relabel), "band": list(band),
             "model_id": pipeline.generator_id(cfg), "scale": cfg.scale,
             "evaluator_version": kernels_eval.schema.SCHEMA_VERSION}
   (out / "report.json").write_text(json.dumps(report, indent=1, default=float))

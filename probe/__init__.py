@@ -11,13 +11,16 @@ Public API:
   ActivationExtractor(model, tokenizer, *, model_id, layer, cache_dir)(texts) -> f32[N, D]
   generator_prompt, suite_examples, extract_task_source, TaskChecker(...).check(text) -> GeneratedTask,
   normalized_hash, export_tasks(texts, folder)
-  build_corpus(out_dir, *, source, solver, checker, num_tasks, seed, band) -> list[Record]; read_records, task_seed
+  scaffold.skeleton(task, output_shape), scaffold.witness(reference)   level-0 skeletons written by the harness
+  build_corpus(out_dir, *, source, solver, checker, num_tasks, seed, band) -> list[Record]; read_records, task_seed,
+  with_band(records, band)                                             labels of another band, same passes
   ModelTaskSource, RolloutSolver                                        model-backed generator and real solver
   ProbeReward(extractor, probes, *, r_bad)(checked) -> f32[n]
   sample_generations(...) -> GeneratorRollout (TrainBatch for the LEAP learner), audit(...) -> (metrics, records)
 """
 from probe.activations import ActivationExtractor, default_layer
-from probe.corpus import Record, RecordedSource, build_corpus, corpus_summary, read_meta, read_records, task_seed
+from probe.corpus import (Record, RecordedSource, build_corpus, corpus_summary, read_meta, read_records, task_seed,
+                          with_band)
 from probe.generator import (GeneratedTask, TaskChecker, export_tasks, extract_task_source, generator_prompt,
                              normalized_hash, strip_solutions, suite_examples)
 from probe.generator_rl import GeneratorRollout, audit, sample_generations, step_seeds
@@ -34,5 +37,5 @@ __all__ = [
     "extract_task_source", "fit_and_select", "fit_linear_probe", "fit_ridge", "generator_prompt", "load_probe",
     "normalized_hash", "probe_predict", "probe_report", "read_meta", "read_records", "rvp", "sample_generations",
     "save_probe", "spearman", "split_indices", "step_seeds", "stratified_split", "strip_solutions",
-    "suite_examples", "task_seed",
+    "suite_examples", "task_seed", "with_band",
 ]

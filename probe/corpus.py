@@ -4,7 +4,8 @@ For task index i of a corpus with seed S, the per-task seed is `task_seed(S, i)`
 task i (its generation, its solver attempts) derives from it, so a resumed build equals an uninterrupted one.
 
 Labels: s = number of passing attempts out of K, y = 1[a <= s <= b] (the frontier band, default 1..3 of 8).
-Invalid tasks are recorded with their reason and no label.
+Invalid tasks are recorded with their reason and no label. The stored labels use the band the corpus was built
+with (meta.json); `with_band` recomputes them from the stored pass counts for another band.
 
 Storage (`<out_dir>`): `meta.json` (the corpus definition: generator, solver checkpoint, pass definition,
 evaluator version, seeds, K, band; written once, checked on every resume) and `records.jsonl`, one JSON record
@@ -166,6 +167,15 @@ def build_corpus(out_dir: str | os.PathLike, *, source: TaskSource, solver: Solv
         log(f"corpus: task {index}: " + (f"passes {rec.passes}/{rec.attempts} label {rec.label}" if rec.valid
                                          else f"invalid ({rec.reason[:120]})"))
   return [done[i] for i in sorted(done)]
+
+
+def with_band(records: Sequence[Record], band: tuple[int, int]) -> list[Record]:
+  """The records with labels y = 1[a <= s <= b] recomputed from their stored pass counts for `band` (no solver
+  runs: another band is a choice about the same measurements). Invalid records are returned unchanged."""
+  a, b = band
+  if not 0 <= a <= b:
+    raise ValueError(f"band {band} must satisfy 0 <= a <= b")
+  return [dataclasses.replace(r, label=int(in_band(r.passes, band))) if r.valid else r for r in records]
 
 
 def corpus_summary(records: Sequence[Record]) -> dict[str, float]:

@@ -2,10 +2,13 @@
 
 A generated task is *valid* iff
   1. the reply holds a task file that `kernels_eval` parses (FORMAT.md, static checks on `reference`) at one
-     of the requested levels (level 0 tasks carry their SKELETON, as in the suite),
-  2. `kernels_eval.validate_task` accepts it (reference runs in the sandbox, outputs are not degenerate), and
-  3. its normalised source hash differs from every known task's (suite tasks and earlier generations).
-Every failure carries a reason: "parse: ...", "invalid: ...", "duplicate: ...".
+     of the requested levels,
+  2. its normalised source hash differs from every known task's (suite tasks and earlier generations),
+  3. `kernels_eval.validate_task` accepts it (reference runs in the sandbox, outputs are not degenerate), and
+  4. at level 0, the harness's scaffold fits it (probe/scaffold.py): the generator writes no SKELETON (one it
+     writes anyway is replaced); the checked text carries the harness's skeleton, which the reference's own
+     body completes to a kernel the evaluator judges correct.
+Every failure carries a reason: "parse: ...", "duplicate: ...", "invalid: ...", "scaffold: ...".
 
 The normalised source drops the docstring, ID, SPLIT, STATEMENT, SOLUTIONS and SKELETON, comments and all
 whitespace, and lower-cases the rest, so renaming a task or rewording its statement does not make it new.
@@ -23,12 +26,14 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 import kernels_eval
+from kernels_eval import skeleton as skeleton_lib
 from kernels_eval import static_check
 from kernels_eval import task as task_lib
+from probe import scaffold
 
 GENERATED_LEVELS = (1, 2, 3)
 LEVEL_MEANINGS = {0: "0 complete the kernel body", 1: "1 single op", 2: "2 fusion", 3: "3 small block"}
-_STRIPPED = ("SOLUTIONS",)  # a level-0 SKELETON is part of the task (the scaffold the solver completes)
+_STRIPPED = ("SOLUTIONS", "SKELETON")  # the harness writes level-0 skeletons (probe/scaffold.py)
 _IGNORED_IN_HASH = ("ID", "SPLIT", "STATEMENT", "SOLUTIONS", "SKELETON")
 _FENCE_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
@@ -36,8 +41,8 @@ _FENCE_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 def instructions(levels: Sequence[int] = GENERATED_LEVELS) -> str:
   """The generator's task-format instructions for tasks at `levels`."""
   level_text = ", ".join(LEVEL_MEANINGS[level] for level in levels)
-  skeleton = ("- at level 0, SKELETON = {\"pallas\": \"<a Pallas kernel with the line(s) that compute the result "
-              "replaced by  # >>> your code here <<<>\"};\n" if 0 in levels else "")
+  skeleton = ("- at level 0, no SKELETON: the harness writes the kernel around `reference`, which must be "
+              "elementwise over\n  one 2-D shape or reduce each row of one 2-D input;\n" if 0 in levels else "")
   return ("You design GPU-kernel programming tasks. A task is one Python file in this exact format:\n"
           "- top-level imports only `import jax`, `import jax.numpy as jnp`, `from jax import lax`, `import math`;\n"
           f"- literals ID (lower-case [a-z0-9_]), LEVEL ({level_text}), SPLIT = \"train\", FAMILY,\n"
@@ -49,7 +54,7 @@ def instructions(levels: Sequence[int] = GENERATED_LEVELS) -> str:
 
 
 def strip_solutions(text: str) -> str:
-  """The task file without its SOLUTIONS assignment (source lines removed, the rest verbatim)."""
+  """The task file without its SOLUTIONS and SKELETON assignments (source lines removed, the rest verbatim)."""
   tree = static_check.parse_python(text)
   lines = text.splitlines(keepends=True)
   drop = set()
@@ -62,7 +67,7 @@ def strip_solutions(text: str) -> str:
 
 
 def suite_examples(levels: Sequence[int] = GENERATED_LEVELS) -> list[str]:
-  """Embedded suite task files at `levels`, solutions removed, sorted by (level, id)."""
+  """Embedded suite task files at `levels`, solutions and skeletons removed, sorted by (level, id)."""
   return [strip_solutions(pathlib.Path(t.path).read_text()) for t in kernels_eval.load_tasks()
           if t.level in tuple(levels)]
 
@@ -159,23 +164,28 @@ class TaskChecker:
     validate: `fn(task) -> kernels_eval.TaskVerdict` (default `kernels_eval.validate_task` with `cache_dir`).
     cache_dir: validation verdict cache (kernels_eval's default when None).
     remember: add each valid task's hash to the known set (so later copies are duplicates).
+    judge: `fn(task, pallas_source) -> kernels_eval.EvalResult` for level-0 scaffolds (default: the
+      evaluator's correctness stages).
   """
 
   def __init__(self, known_texts: Iterable[str] | None = None, *, levels: Sequence[int] = GENERATED_LEVELS,
                validate: Callable[[task_lib.Task], kernels_eval.TaskVerdict] | None = None,
-               cache_dir: str | None = None, remember: bool = True):
+               cache_dir: str | None = None, remember: bool = True,
+               judge: Callable[[task_lib.Task, str], kernels_eval.EvalResult] | None = None):
     self.levels = tuple(levels)
     if known_texts is None:
       known_texts = [pathlib.Path(t.path).read_text() for t in kernels_eval.load_tasks()]
     self.known = {normalized_hash(t) for t in known_texts}
     self._validate = validate or (lambda t: kernels_eval.validate_task(t, cache_dir=cache_dir))
+    self._judge = judge or (lambda t, source: kernels_eval.evaluate(t, source, "pallas", stages="correctness"))
     self._verdicts: dict[str, kernels_eval.TaskVerdict] = {}
+    self._scaffolds: dict[str, tuple[str, str]] = {}
     self.remember = remember
 
   def check(self, text: str) -> GeneratedTask:
     norm = normalized_hash(text)
     try:
-      task = task_lib.parse_task_source(text, "<generated>")
+      task = task_lib.parse_task_source(text, "<generated>", require_skeleton=False)
     except task_lib.TaskFormatError as e:
       return GeneratedTask(text, None, False, f"parse: {e.field}: {e.problem}", norm)
     if task.level not in self.levels:
@@ -188,9 +198,32 @@ class TaskChecker:
     verdict = self._verdicts[key]
     if not verdict.ok:
       return GeneratedTask(text, task, False, "invalid: " + "; ".join(verdict.reasons), norm)
+    if task.level == 0:
+      if key not in self._scaffolds:
+        self._scaffolds[key] = self._scaffold(text, task, verdict)
+      skeleton, problem = self._scaffolds[key]
+      if problem:
+        return GeneratedTask(text, task, False, f"scaffold: {problem}", norm)
+      text = scaffold.with_skeleton(text, skeleton)
+      task = task_lib.parse_task_source(text, "<generated>")
     if self.remember:
       self.known.add(norm)
     return GeneratedTask(text, task, True, "", norm)
+
+  def _scaffold(self, text: str, task: task_lib.Task, verdict: kernels_eval.TaskVerdict) -> tuple[str, str]:
+    """(skeleton, "") when the harness's scaffold fits `task`, else ("", why not)."""
+    try:
+      skeleton = scaffold.skeleton(task, verdict.details["output_shape"])
+      body = scaffold.witness(task.reference_source)
+    except scaffold.NoScaffold as e:
+      return "", str(e)
+    with_skeleton = task_lib.parse_task_source(scaffold.with_skeleton(text, skeleton), "<generated>")
+    result = self._judge(with_skeleton, skeleton_lib.fill_skeleton(with_skeleton, "pallas", body))
+    if result.status != "correct":
+      detail = (result.rejected_reason or result.feedback or "").strip().splitlines()
+      return "", (f"the reference's own body does not complete the skeleton ({result.status}"
+                  + (f": {detail[0][:200]}" if detail else "") + ")")
+    return skeleton, ""
 
 
 def _replace_literal(text: str, name: str, value: str) -> str:

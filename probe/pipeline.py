@@ -1,6 +1,8 @@
 """Builds PROPEL's parts from a config (configs/propel_cpu.py): models, generator source, solver, checker, paths."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pathlib
 from typing import Any
@@ -20,6 +22,9 @@ from probe import activations
 from probe import generator as generator_lib
 from probe import generator_sft
 from probe import sources
+
+
+SFT_RECORD = "generator.json"  # in the SFT folder: which generator it holds (`generator_id`)
 
 
 def workdir(cfg) -> pathlib.Path:
@@ -62,12 +67,14 @@ def generator_sft_dir(cfg) -> pathlib.Path:
 
 
 def generator_id(cfg) -> str:
-  """Names the frozen reference generator: the base model, and its cold-start SFT when enabled."""
+  """Names the frozen reference generator: the base model, and its cold-start SFT when enabled (with a hash
+  of the suite task files it learns from, so a change of the task format names a new generator)."""
   g = cfg.generator
   if not g.sft.enabled:
     return model_id(g.model)
+  data = hashlib.sha256("\0".join(generator_lib.suite_examples(tuple(g.levels))).encode()).hexdigest()[:12]
   return (f"{model_id(g.model)}+sft(levels={list(g.levels)},shots={g.num_shots},steps={g.sft.steps},"
-          f"batch={g.sft.batch_size},lr={g.sft.optim.learning_rate:g},seed={cfg.seed})")
+          f"batch={g.sft.batch_size},lr={g.sft.optim.learning_rate:g},seed={cfg.seed},data={data})")
 
 
 def load_generator(cfg, echo=print):
@@ -78,6 +85,11 @@ def load_generator(cfg, echo=print):
     return load_model(g.model, cfg.seed)
   folder = generator_sft_dir(cfg)
   if (folder / "config.json").is_file():
+    record = folder / SFT_RECORD
+    made_as = json.loads(record.read_text()).get("generator") if record.is_file() else None
+    if made_as != generator_id(cfg):
+      raise ValueError(f"{folder} holds the generator {made_as!r}, but this config's generator is "
+                       f"{generator_id(cfg)!r}: remove the folder (it is retrained on first use) or change workdir")
     return load_model(_with_base(g.model, str(folder)), cfg.seed)
   model, tokenizer = load_model(g.model, cfg.seed)
   echo(f"no generator SFT checkpoint in {folder}: running the generator's cold-start SFT first")
@@ -85,6 +97,7 @@ def load_generator(cfg, echo=print):
       model, tokenizer, ChatFormat(tokenizer), folder, levels=tuple(g.levels), num_shots=g.num_shots,
       steps=g.sft.steps, batch_size=g.sft.batch_size, optimizer=optim.make_optimizer(g.sft.optim), seed=cfg.seed,
       per_task=g.sft.per_task, echo=echo)
+  (folder / SFT_RECORD).write_text(json.dumps({"generator": generator_id(cfg), **summary}, indent=1))
   echo(f"generator SFT done in {summary['seconds']:.0f} s, final nll {summary['final_nll']:.4f} -> {folder}")
   return model, tokenizer
 

@@ -52,7 +52,8 @@ def fit_and_select(features: Mapping[int, np.ndarray], labels, solve_rate, rvp_f
     hidden: MLP width (0 = linear).
 
   Returns:
-    (best, table): best = {"layer", "l2", "params", metrics...}; table = metrics of every candidate.
+    (best, table): best = {"layer", "l2", "params", split sizes, metrics...}; table = the same for every
+    candidate, without params.
   """
   y = np.asarray(labels)
   rate = np.asarray(solve_rate, np.float64)
@@ -65,7 +66,8 @@ def fit_and_select(features: Mapping[int, np.ndarray], labels, solve_rate, rvp_f
     ridge_rho = metrics.spearman(np.asarray(linear.probe_predict(ridge, x[held])), rate[held])
     for l2 in l2s:
       params = linear.fit_linear_probe(x[train], y[train], l2=l2, hidden=hidden, steps=steps, seed=seed)
-      row: dict[str, Any] = {"layer": int(layer), "l2": float(l2), "ridge_spearman": ridge_rho}
+      row: dict[str, Any] = {"layer": int(layer), "l2": float(l2), "n_train": len(train), "n_heldout": len(held),
+                             "heldout_in_band": int(y[held].sum()), "ridge_spearman": ridge_rho}
       held_logits = np.asarray(linear.probe_predict(params, x[held]))
       if len(set(y[held].tolist())) == 2:
         row.update(metrics.probe_report(y[held], held_logits, rate[held]))

@@ -1,4 +1,6 @@
 """Configs: overrides and their errors, and dry runs of the GPU configs that allocate nothing."""
+import json
+
 import jax
 import pytest
 from absl import flags
@@ -82,9 +84,24 @@ def test_propel_configs_name_generator_levels_and_solver():
   cpu = _parse("--config.generator.sft.steps=3", config="configs/propel_cpu.py")
   gpu = _parse(config="configs/propel_h200.py")
   assert tuple(cpu.generator.levels) == (0,) and tuple(gpu.generator.levels) == (1, 2, 3)
+  assert tuple(cpu.corpus.band) == (1, 7) and tuple(gpu.corpus.band) == (1, 3)
   assert cpu.solver.model.base == "workdirs/default/policy" and gpu.solver.model.base == "workdirs/h200/policy"
-  assert pipeline.generator_id(cpu).startswith("smollm2-135m-instruct+sft(levels=[0],shots=1,steps=3,")
+  assert pipeline.generator_id(cpu).startswith("smollm2-135m-instruct+sft(levels=[0],shots=2,steps=3,")
   assert pipeline.generator_id(gpu) == gpu.generator.model.base  # no cold start at paper scale
   cpu.solver.model.base = "no/such/folder"
   with pytest.raises(FileNotFoundError, match="solver.model.base 'no/such/folder' does not exist"):
     pipeline.make_solver(cpu, evaluator=None)
+
+
+def test_generator_sft_folder_must_hold_this_configs_generator(tmp_path):
+  from probe import pipeline  # pylint: disable=import-outside-toplevel
+  cfg = _parse(f"--config.workdir={tmp_path}", config="configs/propel_cpu.py")
+  folder = pipeline.generator_sft_dir(cfg)
+  folder.mkdir()
+  (folder / "config.json").write_text("{}")
+  with pytest.raises(ValueError, match="holds the generator None, but this config's generator is"):
+    pipeline.load_generator(cfg)
+  other = _parse(f"--config.workdir={tmp_path}", "--config.generator.num_shots=1", config="configs/propel_cpu.py")
+  (folder / pipeline.SFT_RECORD).write_text(json.dumps({"generator": pipeline.generator_id(other)}))
+  with pytest.raises(ValueError, match=r"shots=1.*but this config's generator is .*shots=2.*remove the folder"):
+    pipeline.load_generator(cfg)

@@ -149,5 +149,17 @@ def test_summary(reference_run):
   assert s["frontier_utility"] == pytest.approx(sum(r.label for r in valid) / N)
 
 
+
+def test_another_band_relabels_from_stored_passes(reference_run):
+  _, records = reference_run
+  wide = corpus.with_band(records, (1, 7))
+  assert [(r.index, r.valid, r.passes) for r in wide] == [(r.index, r.valid, r.passes) for r in records]
+  assert all(w.label == int(1 <= w.passes <= 7) for w in wide if w.valid)
+  assert [w.label for w in wide if not w.valid] == [r.label for r in records if not r.valid]
+  assert [r.label for r in corpus.with_band(records, (1, 3))] == [r.label for r in records]
+  with pytest.raises(ValueError, match="band"):
+    corpus.with_band(records, (3, 1))
+
+
 if __name__ == "__main__":
   build(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))

@@ -76,27 +76,36 @@ def test_checks_carry_reasons(tmp_path):
   assert generator.extract_task_source(reply) == toy_text("hi")
 
 
-def test_level0_generation_keeps_the_skeleton(tmp_path):
+def test_level0_tasks_get_the_harness_scaffold(tmp_path):
   examples = generator.suite_examples((0,))
-  assert examples and all(task_lib.SKELETON_MARKER in e and "SOLUTIONS" not in e for e in examples)
+  assert examples and all("SKELETON" not in e and "SOLUTIONS" not in e for e in examples)
   prompt = generator.generator_prompt(examples, num_shots=2, seed=1, levels=(0,))
-  assert "LEVEL (0 complete the kernel body)" in prompt and "SKELETON = " in prompt
+  assert "LEVEL (0 complete the kernel body)" in prompt and "no SKELETON: the harness writes" in prompt
   assert "0 complete" not in generator.generator_prompt(generator.suite_examples(), num_shots=2, seed=1)
   relu = next(t for t in kernels_eval.load_tasks() if t.id == "relu")
   new = generator.strip_solutions(open(relu.path).read()).replace("jnp.maximum(x, 0.0)", "jnp.maximum(x, 0.5)")
+  assert "SKELETON" not in new
   assert generator.TaskChecker(cache_dir=tmp_path).check(new).reason == "parse: LEVEL: 0 is not one of (1, 2, 3)"
   checker = generator.TaskChecker(levels=(0,), cache_dir=tmp_path)
   assert checker.check(toy_text("level one")).reason == "parse: LEVEL: 1 is not one of (0,)"
-  no_skeleton = new[:new.index("SKELETON = ")]
-  assert checker.check(no_skeleton).reason.startswith("parse: SKELETON: level 0 needs")
   checked = checker.check(new)
   assert checked.valid, checked.reason
+  assert checked.task.skeleton["pallas"] == relu.skeleton["pallas"]  # the suite's scaffold, from the harness
   [path] = generator.export_tasks([checked.text], tmp_path / "pool")
   [task] = kernels_eval.load_tasks(tmp_path / "pool")
-  assert task.level == 0 and task.id == path.stem and task.skeleton
+  assert task.level == 0 and task.id == path.stem and task.skeleton == checked.task.skeleton
   answer, wrong = (kernels_eval.evaluate(task, line, "pallas", stages="correctness")
                    for line in ("out = jnp.maximum(x, 0.5)", "out = jnp.maximum(x, 0.0)"))
   assert answer.status == "correct" and wrong.status == "wrong_output", (answer.feedback, wrong.feedback)
+  # A row-wise reference whose output keeps the input's shape: elementwise scaffold, but blocks of 128
+  # columns cannot see the whole row, so the reference's own body fails there and the task is refused.
+  softmax = new.replace("jnp.maximum(x, 0.5)", "jax.nn.softmax(x, axis=1)")
+  refused = checker.check(softmax)
+  assert not refused.valid and refused.reason.startswith(
+      "scaffold: the reference's own body does not complete the skeleton (wrong_output"), refused.reason
+  column_sums = new.replace("jnp.maximum(x, 0.5)", "jnp.sum(x, axis=0)")
+  assert checker.check(column_sums).reason.startswith("scaffold: no level-0 scaffold for inputs x['M', 'N'] -> "
+                                                      "output of shape [300]")
 
 
 def test_export_loads_as_task_folder(tmp_path):

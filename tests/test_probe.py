@@ -88,5 +88,8 @@ def test_selection_picks_largest_rvp():
                                          rvp_invalid=10, l2s=(1e-3, 1.0), steps=200)
   assert len(table) == 4
   assert best["rvp"] == max(r["rvp"] for r in table)
+  _, held = selection.stratified_split(y, 0.25, 0)
+  assert all(r["n_heldout"] == len(held) and r["n_train"] == 200 - len(held)
+             and r["heldout_in_band"] == int(y[held].sum()) for r in table)
   signal_rows = [r for r in table if r["layer"] == 3]
   assert min(r["auroc"] for r in signal_rows) > 0.85
