@@ -11,7 +11,7 @@ import hashlib
 import math
 import pathlib
 import re
-from typing import Any
+from typing import Any, Sequence
 
 from kernels_eval import schema
 from kernels_eval import static_check
@@ -262,6 +262,18 @@ def parse_task_source(text: str, path: str | pathlib.Path, *, trusted: bool = Fa
               statement=values["STATEMENT"].strip(), dims=dims, inputs=inputs, tolerance=tolerance,
               reference_source=reference_source, solutions=solutions, skeleton=skeleton,
               source_hash=hashlib.sha256(text.encode("utf-8")).hexdigest(), path=str(path), trusted=trusted)
+
+
+def drop_assignments(text: str, names: Sequence[str]) -> str:
+  """Task file text without its top-level `NAME = ...` assignments for `names` (source lines removed, the rest
+  verbatim)."""
+  tree = static_check.parse_python(text)
+  drop = set()
+  for node in tree.body:
+    if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+        and node.targets[0].id in names):
+      drop.update(range(node.lineno - 1, node.end_lineno))
+  return "".join(line for i, line in enumerate(text.splitlines(keepends=True)) if i not in drop)
 
 
 def parse_task_file(path: str | pathlib.Path, *, trusted: bool = False) -> Task:

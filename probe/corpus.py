@@ -33,6 +33,13 @@ def task_seed(corpus_seed: int, index: int) -> int:
   return int(np.random.SeedSequence([int(corpus_seed), int(index)]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
+def _checked_band(band: tuple[int, int]) -> tuple[int, int]:
+  a, b = band
+  if not 0 <= a <= b:
+    raise ValueError(f"band {band} must satisfy 0 <= a <= b")
+  return a, b
+
+
 def in_band(passes: int, band: tuple[int, int]) -> bool:
   return band[0] <= passes <= band[1]
 
@@ -133,9 +140,7 @@ def build_corpus(out_dir: str | os.PathLike, *, source: TaskSource, solver: Solv
   """
   out = pathlib.Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  a, b = band
-  if not 0 <= a <= b:
-    raise ValueError(f"band {band} must satisfy 0 <= a <= b")
+  a, b = _checked_band(band)
   _write_meta(out, {**(metadata or {}), "seed": int(seed), "num_tasks": int(num_tasks), "band": [a, b],
                     "solver": solver.metadata})
   path = out / RECORDS
@@ -172,9 +177,7 @@ def build_corpus(out_dir: str | os.PathLike, *, source: TaskSource, solver: Solv
 def with_band(records: Sequence[Record], band: tuple[int, int]) -> list[Record]:
   """The records with labels y = 1[a <= s <= b] recomputed from their stored pass counts for `band` (no solver
   runs: another band is a choice about the same measurements). Invalid records are returned unchanged."""
-  a, b = band
-  if not 0 <= a <= b:
-    raise ValueError(f"band {band} must satisfy 0 <= a <= b")
+  _checked_band(band)
   return [dataclasses.replace(r, label=int(in_band(r.passes, band))) if r.valid else r for r in records]
 
 

@@ -55,15 +55,7 @@ def instructions(levels: Sequence[int] = GENERATED_LEVELS) -> str:
 
 def strip_solutions(text: str) -> str:
   """The task file without its SOLUTIONS and SKELETON assignments (source lines removed, the rest verbatim)."""
-  tree = static_check.parse_python(text)
-  lines = text.splitlines(keepends=True)
-  drop = set()
-  for node in tree.body:
-    if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-        and node.targets[0].id in _STRIPPED):
-      drop.update(range(node.lineno - 1, node.end_lineno))
-  kept = "".join(line for i, line in enumerate(lines) if i not in drop)
-  return re.sub(r"\n{3,}", "\n\n\n", kept).rstrip() + "\n"
+  return re.sub(r"\n{3,}", "\n\n\n", task_lib.drop_assignments(text, _STRIPPED)).rstrip() + "\n"
 
 
 def suite_examples(levels: Sequence[int] = GENERATED_LEVELS) -> list[str]:
@@ -200,7 +192,7 @@ class TaskChecker:
       return GeneratedTask(text, task, False, "invalid: " + "; ".join(verdict.reasons), norm)
     if task.level == 0:
       if key not in self._scaffolds:
-        self._scaffolds[key] = self._scaffold(text, task, verdict)
+        self._scaffolds[key] = self._scaffold(task, verdict)
       skeleton, problem = self._scaffolds[key]
       if problem:
         return GeneratedTask(text, task, False, f"scaffold: {problem}", norm)
@@ -210,15 +202,15 @@ class TaskChecker:
       self.known.add(norm)
     return GeneratedTask(text, task, True, "", norm)
 
-  def _scaffold(self, text: str, task: task_lib.Task, verdict: kernels_eval.TaskVerdict) -> tuple[str, str]:
+  def _scaffold(self, task: task_lib.Task, verdict: kernels_eval.TaskVerdict) -> tuple[str, str]:
     """(skeleton, "") when the harness's scaffold fits `task`, else ("", why not)."""
     try:
       skeleton = scaffold.skeleton(task, verdict.details["output_shape"])
       body = scaffold.witness(task.reference_source)
     except scaffold.NoScaffold as e:
       return "", str(e)
-    with_skeleton = task_lib.parse_task_source(scaffold.with_skeleton(text, skeleton), "<generated>")
-    result = self._judge(with_skeleton, skeleton_lib.fill_skeleton(with_skeleton, "pallas", body))
+    scaffolded = dataclasses.replace(task, skeleton={**task.skeleton, "pallas": skeleton})
+    result = self._judge(scaffolded, skeleton_lib.fill_skeleton(scaffolded, "pallas", body))
     if result.status != "correct":
       detail = (result.rejected_reason or result.feedback or "").strip().splitlines()
       return "", (f"the reference's own body does not complete the skeleton ({result.status}"

@@ -145,12 +145,5 @@ def skeleton(task: task_lib.Task, output_shape: Sequence[int]) -> str:
 
 def with_skeleton(text: str, pallas_skeleton: str) -> str:
   """Task file text with `SKELETON = {"pallas": ...}` in place of any SKELETON it had (appended at the end)."""
-  tree = static_check.parse_python(text)
-  lines = text.splitlines(keepends=True)
-  for node in tree.body:
-    if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-        and node.targets[0].id == "SKELETON"):
-      lines = lines[:node.lineno - 1] + lines[node.end_lineno:]
-      break
-  kept = "".join(lines).rstrip() + "\n"
+  kept = task_lib.drop_assignments(text, ("SKELETON",)).rstrip() + "\n"
   return f'{kept}\n\nSKELETON = {{\n    "pallas": """{pallas_skeleton}""",\n}}\n'
