@@ -64,6 +64,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.evaluator = ml_collections.ConfigDict()
   c.evaluator.workers = 2  # single-threaded sandboxed worker processes
   c.evaluator.timeout_s = 0.0  # per-job wall limit; 0 = the backend's default
+  c.evaluator.isolation = "namespaces"  # "process": opt out of kernel-level isolation (machines without namespaces)
 
   c.sft = ml_collections.ConfigDict()
   c.sft.enabled = True  # RL starts from the cold-start SFT checkpoint, trained first when missing

@@ -64,6 +64,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.evaluator = ml_collections.ConfigDict()
   c.evaluator.workers = 2
   c.evaluator.timeout_s = 0.0
+  c.evaluator.isolation = "namespaces"  # "process": opt out of kernel-level isolation (machines without namespaces)
 
   c.corpus = ml_collections.ConfigDict()
   c.corpus.num_tasks = 64  # N generations labelled (invalid ones included, with their reason)

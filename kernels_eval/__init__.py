@@ -8,6 +8,11 @@ Public API:
   EvalRequest(task, source, lang, stages, request_id)
   evaluate(task, source, lang, *, stages="full", request_id=None) -> EvalResult
   Evaluator(executor="local", workers=2).evaluate_many(requests) -> list[EvalResult]; .submit(request)
+
+Every job runs in kernel-level isolation (`kernels_eval.jail`: namespaces, a read-only allowlisted view of
+the files, an unprivileged uid); an evaluator refuses to start where that cannot be set up, unless
+`isolation="process"` opts out. The reference and the candidate run in separate processes, and the parent
+accepts their frames only in protocol order (`kernels_eval.protocol`).
 """
 from kernels_eval.evaluator import EvalRequest
 from kernels_eval.evaluator import Evaluator

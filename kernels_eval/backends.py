@@ -7,27 +7,28 @@ A `Backend` has a parent side (no JAX, no candidate code runs) and a worker side
   static_check  `(task, source) -> static_check.Rejection | None`, in the parent.
   contract      `(task) -> str`: the exact kernel contract `render_task` shows (signature, rules).
   runner        "module:function" imported once by each worker; `function(payload, emit, tmpdir)` runs
-                in a fresh sandboxed child per job (see `kernels_eval.sandbox`).
+                the candidate step of a job in a fresh sandboxed child (see `kernels_eval.sandbox`); the
+                reference step before it runs `kernels_eval.reference_runner:run` in another child.
   timeout_s     default wall limit of one job (reference + every stage), in seconds.
 
-The payload a runner gets: `task` (`Task.to_job()`: reference source, input names, hash), `source`,
+The payload both steps get: `task` (`Task.to_job()`: reference source, input names, hash), `source`,
 `stages` ("compile", "correctness" or "full"), `trials` (one list of numpy inputs per trial),
-`trial_dims` (the DIMS entry of each trial), `timing_trials` and `timing_dims` (GPU hosts only),
+`trial_dims` (the DIMS entry of each trial), `timing_trials` and `timing_dims` (GPU hosts, "full" only),
 `input_dtypes`.
 
-What a runner emits (`emit(dict)`), in order; the evaluator core turns these into an `EvalResult`:
+What a candidate runner emits (`emit(dict)`), in the order `kernels_eval.protocol` accepts:
   {"kind": "env", "platform": "cpu" | "gpu"}                 optional, first
-  {"kind": "reference", "outputs": [array per trial]}        BEFORE any candidate code is loaded
-  {"kind": "reference_error", "feedback": str}               the task's reference failed (infra error)
-  {"kind": "stage", "stage": s}                              entering stage s (for timeouts and crashes)
-  {"kind": "error", "stage": s, "status": "compile_error" | "runtime_error", "feedback": str,
-   "rejected_reason": str (optional), "trial": int (optional)}            then stop
-  {"kind": "output", "trial": t, "output": array}            one per trial; compared in the parent
-  {"kind": "not_run", "stage": s, "feedback": str}           passed what can run here (no GPU)
-  {"kind": "timing", "kernel_ms": float, "reference_ms": float}
+  {"kind": "stage", "stage": "compile"}                      BEFORE any candidate code is loaded
+  {"kind": "stage", "stage": s}                              entering stage s (lower, correctness, timing)
+  {"kind": "error", "stage": s, "status": "compile_error" | "runtime_error" | "wrong_output" | "timeout",
+   "feedback": str, "rejected_reason": str (optional)}       then stop
+  {"kind": "output", "trial": t, "output": array}            one per trial, in order; compared in the parent
+  {"kind": "not_run", "feedback": str}                       passed what can run here (no GPU), then done
+  {"kind": "timing_output", "output": array}                 GPU: the output of a timed call on the first
+  {"kind": "timing", "kernel_ms": float, "reference_ms": float, "flags": [str]}   timing set, then its times
   {"kind": "done", "durations": {stage: seconds}}
-The runner calls `sandbox.lock_down(tmpdir)` after computing the reference and before loading the
-candidate. Stages are those of `schema.STAGES`.
+A runner calls `sandbox.lock_down(tmpdir)` before loading the candidate. Stages are those of
+`schema.STAGES`.
 
 Registering: `register(Backend(...))`. The built-in table below names each language's backend as
 "module:attribute"; it is imported on first use, so a backend's module only has to exist.
@@ -63,6 +64,11 @@ def register(backend: Backend) -> None:
     _registry[backend.lang] = backend
 
 
+def unregister(lang: str) -> None:
+  with _lock:
+    _registry.pop(lang, None)
+
+
 def get(lang: str) -> Backend:
   """The backend of `lang`; raises ValueError naming the language when there is none."""
   with _lock:
@@ -81,7 +87,7 @@ def get(lang: str) -> Backend:
 
 def runners() -> dict[str, str]:
   """name -> "module:function" of every backend that can be loaded, plus the reference runner."""
-  out = {"reference": "kernels_eval.reference_runner:run"}
+  out = {"reference": "kernels_eval.reference_runner:run", "validate": "kernels_eval.reference_runner:validate"}
   for lang in sorted(set(BUILTIN) | set(_registry)):
     try:
       out[lang] = get(lang).runner

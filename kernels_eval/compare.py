@@ -1,6 +1,6 @@
 """Output checks, done in the parent (never in the process that ran candidate code).
 
-An output passes when its shape and dtype match the reference, every element satisfies
+Any shape works, 0-d outputs (losses) included. An output passes when its shape and dtype match the reference, every element satisfies
 |out - ref| <= atol + rtol * |ref| (NaN/inf must match exactly), and the relative L2 error
 ||out - ref||_2 / ||ref||_2 <= min(0.05, 10 * rtol), so that all-zero or near-zero outputs fail even
 when the reference's magnitude is below atol.
@@ -47,8 +47,8 @@ def compare(out: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> Compa
     ref_norm = float(np.linalg.norm(np.where(finite, b, 0.0)))
     err_norm = float(np.linalg.norm(np.where(finite, a - b, 0.0)))
   count = int(bad.sum())
-  mism = [{"index": [int(i) for i in idx], "got": float(a[idx]), "expected": float(b[idx])}
-          for idx in zip(*np.nonzero(bad))][:MAX_MISMATCHES_SHOWN] if count else []
+  mism = [{"index": [int(i) for i in idx], "got": float(a[tuple(idx)]), "expected": float(b[tuple(idx)])}
+          for idx in np.argwhere(bad)[:MAX_MISMATCHES_SHOWN]] if count else []
   common = dict(max_abs_error=max_abs, max_rel_error=max_rel, mismatch_count=count, first_mismatches=mism)
   if count:
     shown = "; ".join(f"at {m['index']}: got {m['got']:.6g}, expected {m['expected']:.6g}" for m in mism)

@@ -1,9 +1,10 @@
 """The evaluator core: requests in, `EvalResult`s out, the same for every language backend.
 
 Per request, in the parent (no JAX): a level-0 answer completed into its task's skeleton
-(`skeleton.fill_skeleton`); the backend's static check; the trial seed
-HMAC(secret, task hash | request id) and the trial inputs; one job on the worker pool, where a fresh
-sandboxed child computes the reference, then loads and runs the candidate; then the verdict, made here:
+(`skeleton.fill_skeleton`); the backend's static check, failing closed (`checked_static`); the trial seed
+HMAC(secret, task hash | request id) and the trial inputs; one job on the worker pool in two steps, each
+in its own fresh sandboxed child: the reference (no candidate code ever runs in that process), then the
+candidate; then the verdict, made here from the frames the protocol accepts (`protocol`, `verdicts`):
 each trial's output against the reference (`compare`), status and stage, feedback (<= 1.5 KB) and
 provenance (source hash, seed, toolchain, per-stage durations, cache hit).
 
@@ -19,23 +20,25 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import os
-import signal
 import threading
 import time
 import uuid
 from typing import Any
 
 from kernels_eval import backends
-from kernels_eval import compare
+from kernels_eval import jail
 from kernels_eval import pool as pool_lib
+from kernels_eval import protocol
 from kernels_eval import sandbox
 from kernels_eval import schema
 from kernels_eval import skeleton
+from kernels_eval import static_check as static_check_lib
 from kernels_eval import task as task_lib
 from kernels_eval import trials as trials_lib
+from kernels_eval import verdicts
 
 REQUEST_STAGES = ("static", "compile", "correctness", "full")
-SUSPICIOUS_SPEEDUP = 10.0
+SUSPICIOUS_SPEEDUP = verdicts.SUSPICIOUS_SPEEDUP
 TIMING_SETS = 3                          # input sets rotated through the timed runs
 MAX_TIMING_PAYLOAD_BYTES = 160 << 20     # timing inputs travel in one frame (wire.MAX_FRAME_BYTES)
 
@@ -59,7 +62,7 @@ class EvalRequest:
 
 
 def source_hash(source: str) -> str:
-  return hashlib.sha256(source.encode("utf-8")).hexdigest()
+  return hashlib.sha256(source.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
 def _harness_failure(request: EvalRequest, error: Exception,
@@ -68,6 +71,18 @@ def _harness_failure(request: EvalRequest, error: Exception,
   return schema.EvalResult(status="runtime_error", stage="static", infra_error=f"evaluator: {error!r}",
                            provenance=prov or schema.Provenance(), task_id=request.task.id, lang=request.lang,
                            request_id=request.request_id)
+
+
+def checked_static(backend: backends.Backend, task: task_lib.Task, source: str) -> static_check_lib.Rejection | None:
+  """The backend's static check, failing closed: any exception while checking the candidate is its
+  `compile_error` (`static_check_failed`); only a machine that cannot isolate is the harness's problem."""
+  try:
+    return backend.static_check(task, source)
+  except jail.IsolationUnavailable:
+    raise
+  except Exception as e:  # noqa: BLE001
+    return static_check_lib.Rejection("static_check_failed", "the static check could not process this source "
+                                      f"({type(e).__name__}: {str(e)[:300]})")
 
 
 def _durations(**kw: float) -> dict[str, float]:
@@ -82,12 +97,17 @@ class Evaluator:
   secret: HMAC key of the trial seeds (default: env KERNELS_EVAL_SECRET as hex, else random per
   evaluator). timeout_s: per-job wall limit (default: the backend's). cache_size: verdicts kept.
   compile_cache_dir: opt-in persistent JAX compilation cache for the workers (see `pool`).
+  limits: sandbox limits (`sandbox.Limits`). isolation: "namespaces" (default) or the explicit opt-out
+  "process" for machines that cannot make namespaces (see `sandbox`).
+  A local pool starts one worker at once: a machine that cannot isolate jobs is reported here, by
+  `jail.IsolationUnavailable`, before any candidate is taken.
   """
 
   def __init__(self, executor: str = "local", workers: int = 2, *, secret: bytes | None = None,
                timeout_s: float | None = None, max_jobs_per_worker: int = 200, cache_size: int = 4096,
                limits: sandbox.Limits | None = None, platform: str | None = None,
-               compile_cache_dir: str | os.PathLike | None = None, address: str | None = None):
+               compile_cache_dir: str | os.PathLike | None = None, address: str | None = None,
+               isolation: str | None = None):
     if executor not in ("local", "ray"):
       raise ValueError(f"executor={executor!r} is not supported (use 'local' or 'ray')")
     if secret is None:
@@ -103,7 +123,13 @@ class Evaluator:
                                        max_jobs=max_jobs_per_worker)
     else:
       self.pool = pool_lib.WorkerPool(backends.runners(), workers=workers, max_jobs=max_jobs_per_worker,
-                                      limits=limits, platform=platform, compile_cache_dir=compile_cache_dir)
+                                      limits=limits, platform=platform, compile_cache_dir=compile_cache_dir,
+                                      isolation=isolation)
+      try:
+        self.pool.warm_up(1)
+      except BaseException:
+        self.pool.close()
+        raise
     # Static checks run on parent threads: CUDA's compiles (nvcc subprocesses) in parallel up to the core count.
     self._static_threads = concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1),
                                                                  thread_name_prefix="eval-static")
@@ -154,9 +180,8 @@ class Evaluator:
     seed = self.seed_for(request.task, request.request_id)
     base = dict(task_id=request.task.id, lang=request.lang, request_id=request.request_id)
     prov = schema.Provenance(source_hash=key[3], seed=seed)
-    rejection = backend.static_check(request.task, source)
-    static_s = time.monotonic() - start
-    prov.durations = _durations(static=static_s)
+    rejection = checked_static(backend, request.task, source)
+    prov.durations = _durations(static=time.monotonic() - start)
     if rejection is not None or request.stages == "static":
       if rejection is not None:
         result = schema.EvalResult(status="compile_error", stage="static", rejected_reason=rejection.reason,
@@ -167,10 +192,33 @@ class Evaluator:
       self._remember(key, result)
       done.set_result(result)
       return
+    payload, trial_inputs = self._payload(request, source, seed)
+    expect = protocol.Expect(len(trial_inputs), request.stages, timing="timing_trials" in payload)
+    timeout = request.timeout_s or self.timeout_s or backend.timeout_s
+    job = self.pool.submit(["reference", request.lang], payload, timeout)
+
+    def result(status: str, stage_: str, feedback: str, **kw) -> schema.EvalResult:
+      return schema.EvalResult(status=status, stage=stage_, feedback=feedback, provenance=prov, **base, **kw)
+
+    def finish(f: concurrent.futures.Future) -> None:
+      try:
+        outcome = f.result()
+        self._provenance(prov, outcome, start)
+        result_ = verdicts.from_outcome(request.task, request.stages, outcome, "reference", request.lang, expect,
+                                        trial_inputs, timeout, result, prov)
+      except Exception as e:  # noqa: BLE001  (a harness bug must not hang the caller)
+        result_ = _harness_failure(request, e, prov)
+      if result_.infra_error is None and result_.status != "timeout":
+        self._remember(key, result_)
+      done.set_result(result_)
+
+    job.add_done_callback(finish)
+
+  def _payload(self, request: EvalRequest, source: str, seed: int) -> tuple[dict[str, Any], list]:
+    """The job's payload (inputs drawn here, from the secret seed) and its trial inputs."""
     task = request.task
     trial_inputs = trials_lib.all_trials(task, seed)
-    payload = {"task": task.to_job(), "source": source, "stages": request.stages,
-               "trials": trial_inputs,
+    payload = {"task": task.to_job(), "source": source, "stages": request.stages, "trials": trial_inputs,
                "trial_dims": [task.check_dims[t % len(task.check_dims)] for t in range(len(trial_inputs))],
                "input_dtypes": [i.dtype for i in task.inputs]}
     if self.pool.platform != "cpu" and request.stages == "full":
@@ -181,19 +229,15 @@ class Evaluator:
         payload["timing_trials"] = [first] + [trials_lib.trial_inputs(task, seed, 100 + k, task.timing_dims)
                                               for k in range(1, n_sets)]
         payload["timing_dims"] = task.timing_dims
-    timeout = request.timeout_s or self.timeout_s or backend.timeout_s
-    job = self.pool.submit(request.lang, payload, timeout)
+    return payload, trial_inputs
 
-    def finish(f: concurrent.futures.Future) -> None:
-      try:
-        result = self._verdict(request, f.result(), prov, base, timeout, trial_inputs, start)
-      except Exception as e:  # noqa: BLE001  (a harness bug must not hang the caller)
-        result = _harness_failure(request, e, prov)
-      if result.infra_error is None and result.status != "timeout":
-        self._remember(key, result)
-      done.set_result(result)
-
-    job.add_done_callback(finish)
+  @staticmethod
+  def _provenance(prov: schema.Provenance, outcome: pool_lib.JobOutcome, start: float) -> None:
+    """The worker's toolchain and the wall times measured here (the steps' own come from their reports)."""
+    prov.toolchain = dict(outcome.toolchain)
+    prov.durations.update(_durations(total=time.monotonic() - start))
+    if outcome.cold_start_s:
+      prov.durations.update(_durations(worker_start=outcome.cold_start_s))
 
   def evaluate(self, request: EvalRequest) -> schema.EvalResult:
     return self.submit(request).result()
@@ -221,126 +265,6 @@ class Evaluator:
       while len(self._cache) > self._cache_size:
         self._cache.popitem(last=False)
 
-  # Verdicts.
-  def _verdict(self, request: EvalRequest, outcome: pool_lib.JobOutcome, prov: schema.Provenance,
-               base: dict[str, Any], timeout: float, trial_inputs: list, start: float) -> schema.EvalResult:
-    task = request.task
-    prov.toolchain = dict(outcome.toolchain)
-    stage = "compile"
-    reference = None
-    outputs: dict[int, Any] = {}
-    error = not_run = timing = None
-    timed_outputs: dict[str, Any] = {}
-    done = False
-    for msg in outcome.messages:
-      kind = msg.get("kind") if isinstance(msg, dict) else None
-      if kind == "env":
-        prov.toolchain["platform"] = str(msg.get("platform"))
-      elif kind == "reference" and reference is None:
-        reference = msg["outputs"]
-      elif kind == "reference_error":
-        error = ("infra", f"task reference failed: {msg.get('feedback', '')}")
-      elif kind == "crash" and reference is None:
-        error = ("infra", f"the job failed before the reference: {msg.get('error', '')}")
-      elif reference is None:
-        continue
-      elif kind == "stage" and msg.get("stage") in schema.STAGES:
-        stage = msg["stage"]
-      elif kind == "error" and error is None:
-        error = msg
-      elif kind == "output":
-        outputs[int(msg["trial"])] = msg["output"]
-      elif kind == "not_run":
-        not_run = msg
-      elif kind == "timing":
-        timing = msg
-      elif kind in ("timing_reference", "timing_output"):
-        timed_outputs[kind] = msg["output"]
-      elif kind == "crash" and error is None:
-        error = {"status": "runtime_error", "stage": stage, "feedback": f"the process crashed:\n{msg['error']}"}
-      elif kind == "done":
-        done = True
-        prov.durations.update(_durations(**{k: v for k, v in msg.get("durations", {}).items()
-                                            if isinstance(v, (int, float))}))
-    prov.durations.update(_durations(total=time.monotonic() - start))
-    if outcome.cold_start_s:
-      prov.durations.update(_durations(worker_start=outcome.cold_start_s))
-
-    def result(status: str, stage_: str, feedback: str, **kw) -> schema.EvalResult:
-      return schema.EvalResult(status=status, stage=stage_, feedback=feedback, provenance=prov, **base, **kw)
-
-    if outcome.infra_error:
-      return result("runtime_error", stage, "", infra_error=outcome.infra_error)
-    if isinstance(error, tuple):
-      return result("runtime_error", "compile", "", infra_error=error[1][-1000:])
-    if reference is None:
-      if outcome.timed_out:
-        return result("runtime_error", "compile", "", infra_error=f"task reference did not finish in {timeout:g} s")
-      return result("runtime_error", "compile", "", infra_error=f"no reference outputs (child exit "
-                    f"{outcome.exit_code}, signal {outcome.signal})")
-    if outcome.timed_out:
-      return result("timeout", stage, f"timed out after {timeout:g} s in stage {stage} (infinite loop, or "
-                    "too much work for the check sizes)")
-    if outcome.memory_killed:
-      return result("runtime_error", stage, f"killed in stage {stage}: memory use above the sandbox limit",
-                    flags=["memory_limit"])
-    if error is not None:
-      status = error.get("status") if error.get("status") in (
-          "compile_error", "runtime_error", "wrong_output", "timeout") else "runtime_error"
-      err_stage = error.get("stage") if error.get("stage") in schema.STAGES else stage
-      head = f"{status.replace('_', ' ')} (stage {err_stage}): "
-      return result(status, err_stage, head + str(error.get("feedback", "")),
-                    rejected_reason=error.get("rejected_reason"))
-    if not done:
-      sig = f"signal {signal.Signals(outcome.signal).name}" if outcome.signal else f"exit code {outcome.exit_code}"
-      flags = ["memory_limit"] if outcome.signal in (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT) else []
-      return result("runtime_error", stage, f"the process died in stage {stage} ({sig}); out of memory or "
-                    "an illegal operation", flags=flags)
-    if request.stages == "compile":
-      return result("not_run", stage, "compiled and lowered; correctness not requested")
-    if not_run is not None:
-      nr_stage = not_run.get("stage") if not_run.get("stage") in schema.STAGES else stage
-      return result("not_run", nr_stage, str(not_run.get("feedback", "")))
-    return self._check_outputs(task, reference, outputs, trial_inputs, timing, timed_outputs, result)
-
-  def _check_outputs(self, task, reference, outputs, trial_inputs, timing, timed_outputs,
-                     result) -> schema.EvalResult:
-    n = len(reference)
-    for t in range(n):
-      if t not in outputs:
-        return result("runtime_error", "correctness", f"trial {t + 1} of {n} produced no output",
-                      trials_passed=t, trials_total=n)
-      ref = reference[t]
-      tol = task.tolerance_for(ref.dtype.name if ref.dtype.name in task_lib.DTYPES else "float32")
-      cmp = compare.compare(outputs[t], ref, tol["atol"], tol["rtol"])
-      if not cmp.ok:
-        shapes = ", ".join(f"{s.name}{list(x.shape)}" for s, x in zip(task.inputs, trial_inputs[t]))
-        return result("wrong_output", "correctness",
-                      f"wrong output in trial {t + 1} of {n} (inputs {shapes}): {cmp.message}",
-                      trials_passed=t, trials_total=n, max_abs_error=cmp.max_abs_error,
-                      max_rel_error=cmp.max_rel_error, mismatch_count=cmp.mismatch_count,
-                      first_mismatches=cmp.first_mismatches)
-    timing_rec, flags, stage, extra = None, [], "correctness", ""
-    if len(timed_outputs) == 2:
-      ref = timed_outputs["timing_reference"]
-      tol = task.tolerance_for(ref.dtype.name if ref.dtype.name in task_lib.DTYPES else "float32")
-      cmp = compare.compare(timed_outputs["timing_output"], ref, tol["atol"], tol["rtol"])
-      if not cmp.ok:
-        return result("wrong_output", "timing", f"wrong output at the timing sizes: {cmp.message}",
-                      trials_passed=n, trials_total=n, flags=["timing_output_mismatch"],
-                      max_abs_error=cmp.max_abs_error, mismatch_count=cmp.mismatch_count,
-                      first_mismatches=cmp.first_mismatches)
-    if timing is not None:
-      k, r = float(timing["kernel_ms"]), float(timing["reference_ms"])
-      speedup = r / k if k > 0 else float("inf")
-      timing_rec = schema.Timing(kernel_ms=k, reference_ms=r, speedup=speedup)
-      stage = "timing"
-      flags += [f for f in timing.get("flags", []) if isinstance(f, str)]
-      extra = f"; kernel {k:.4g} ms vs reference {r:.4g} ms (speedup {speedup:.3g}x)"
-      if speedup > SUSPICIOUS_SPEEDUP:
-        flags.append("suspicious_speedup")
-    return result("correct", stage, f"correct: {n} of {n} trials passed{extra}", trials_passed=n,
-                  trials_total=n, timing=timing_rec, flags=flags)
 
 
 _default: Evaluator | None = None

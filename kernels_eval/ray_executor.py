@@ -34,8 +34,8 @@ class _Host:
     self.pool = pool_lib.WorkerPool(runners, workers=1, max_jobs=max_jobs,
                                     limits=sandbox.Limits(**limits) if limits else None, platform=platform)
 
-  def run(self, runner: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    return dataclasses.asdict(self.pool.submit(runner, payload, timeout_s).result())
+  def run(self, steps: list[str], payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    return dataclasses.asdict(self.pool.submit(steps, payload, timeout_s).result())
 
   def close(self) -> None:
     self.pool.close()
@@ -91,23 +91,24 @@ class RayPool:
       return self._cpu
     return self._gpu
 
-  def _run(self, runner: str, payload: dict[str, Any], timeout_s: float) -> pool_lib.JobOutcome:
+  def _run(self, steps: list[str], payload: dict[str, Any], timeout_s: float) -> pool_lib.JobOutcome:
     hosts = self._hosts_for(payload)
     host = hosts.idle.get()
     try:
-      outcome = ray.get(host.run.remote(runner, payload, timeout_s), timeout=timeout_s + 2 * pool_lib.WORKER_SLACK_S)
+      outcome = ray.get(host.run.remote(steps, payload, timeout_s), timeout=timeout_s + 2 * pool_lib.WORKER_SLACK_S)
     except (ray.exceptions.RayError, TimeoutError) as e:
       with self._lock:
         hosts.replace(host)
       ray.kill(host)
-      return pool_lib.JobOutcome(messages=[], complete=False, infra_error=f"ray worker failed: {e}")
+      return pool_lib.JobOutcome(infra_error=f"ray worker failed: {e}")
     hosts.idle.put(host)
-    return pool_lib.JobOutcome(**outcome)
+    return pool_lib.JobOutcome.from_dict(outcome)
 
-  def submit(self, runner: str, payload: dict[str, Any], timeout_s: float) -> concurrent.futures.Future:
+  def submit(self, steps: str | list[str], payload: dict[str, Any], timeout_s: float) -> concurrent.futures.Future:
     if self._closed:
       raise RuntimeError("the Ray pool is closed")
-    return self._executor.submit(self._run, runner, payload, timeout_s)
+    steps = [steps] if isinstance(steps, str) else list(steps)
+    return self._executor.submit(self._run, steps, payload, timeout_s)
 
   def close(self) -> None:
     self._closed = True

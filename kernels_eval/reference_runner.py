@@ -1,8 +1,15 @@
 """Worker-side: runs a task's `reference` (imports JAX; only ever loaded inside a worker).
 
-`run` is the runner of `validate_task`: it computes the reference on every trial's inputs, then once
-more on the first trial's inputs (determinism), and, for each input in turn, on the first trial's
-inputs with that one input redrawn (an output that ignores an input is degenerate).
+Two runners, each the only code of its sandboxed child (no candidate code ever runs next to them):
+  `run`       the reference step of an evaluation: outputs for every trial and, when the job times a
+              GPU run, the output for the first timing set and the reference's time over all the sets
+              (`timing.median_ms`, the method Pallas candidates are timed with); matmuls at "highest"
+              precision, so TF32 cannot blur a verdict. Frames: env, reference,
+              [timing_reference{output, reference_ms}], done (or reference_error).
+  `validate`  the runner of `validate_task`: every trial's outputs, once more on the first trial's inputs
+              (determinism), and, for each input in turn, on the first trial's inputs with that one
+              input redrawn (an output that ignores an input is degenerate).
+A task's reference is untrusted when the task was generated: the audit hook is installed before it loads.
 """
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ import numpy as np
 from jax import lax
 
 from kernels_eval import sandbox
+from kernels_eval import timing
 
 
 def load_reference(task_job: dict[str, Any]) -> Callable[..., Any]:
@@ -37,7 +45,32 @@ def compute(fn: Callable[..., Any], trials: list[list[np.ndarray]]) -> list[np.n
   return outs
 
 
+def _platform() -> str:
+  return "gpu" if jax.default_backend() in ("gpu", "cuda", "rocm") else "cpu"
+
+
 def run(payload: dict[str, Any], emit: Callable[[dict[str, Any]], None], tmpdir: str) -> None:
+  start = time.monotonic()
+  platform = _platform()
+  emit({"kind": "env", "platform": platform})
+  timing_sets = payload.get("timing_trials") if platform == "gpu" and payload["stages"] == "full" else None
+  sandbox.lock_down(tmpdir)
+  try:
+    with jax.default_matmul_precision("highest"):
+      fn = load_reference(payload["task"])
+      emit({"kind": "reference", "outputs": compute(fn, payload["trials"])})
+      if timing_sets:
+        output = compute(fn, timing_sets[:1])[0]
+        device_sets = [[jnp.asarray(x) for x in inputs] for inputs in timing_sets]
+        emit({"kind": "timing_reference", "output": output,
+              "reference_ms": timing.median_ms(jax.jit(fn), device_sets)})
+  except Exception as e:  # noqa: BLE001  (any failure of the reference is the task's)
+    emit({"kind": "reference_error", "feedback": sandbox.format_exception(e)})
+    return
+  emit({"kind": "done", "durations": {"reference": time.monotonic() - start}})
+
+
+def validate(payload: dict[str, Any], emit: Callable[[dict[str, Any]], None], tmpdir: str) -> None:
   sandbox.lock_down(tmpdir)
   start = time.monotonic()
   try:
@@ -50,5 +83,4 @@ def run(payload: dict[str, Any], emit: Callable[[dict[str, Any]], None], tmpdir:
     emit({"kind": "error", "stage": "correctness", "status": "runtime_error",
           "feedback": sandbox.format_exception(e)})
     return
-  emit({"kind": "done", "durations": {"reference": time.monotonic() - start},
-        "platform": jax.default_backend()})
+  emit({"kind": "done", "durations": {"reference": time.monotonic() - start}, "platform": _platform()})

@@ -1,20 +1,24 @@
-"""The sandbox every piece of untrusted code runs in: one forked child per job.
+"""The sandbox every piece of untrusted code runs in: one forked child per job step.
 
-`run_sandboxed(target, timeout_s, limits)` forks; the child
-  - calls setsid (its own process group, so the whole group can be killed),
-  - leaves the network namespace (`unshare(CLONE_NEWNET)`: no interfaces but a down loopback),
-  - gets rlimits: address space (CPU only: CUDA reserves large virtual ranges, so on GPU hosts the
-    RSS watchdog below is the memory cap), CPU seconds, file size, no core dumps, open files, and
-    RLIMIT_NPROC, which binds because the child then drops to an unprivileged uid/gid (`nobody`) with
-    no supplementary groups, no new privileges, and SIGKILL when its parent dies,
-  - works in a private temp dir (TMPDIR, HOME, cwd) owned by that uid, with stdin/stdout/stderr on
-    /dev/null and every other inherited file descriptor closed except its result pipe.
-The parent side reads the child's frames, kills the process group at the wall deadline or when its RSS
-passes the memory cap, and removes the temp dir. When not started as root, the uid switch and the
-network namespace are skipped and `SandboxReport` says so.
+`run_sandboxed(target, timeout_s, limits, view)` forks a child C that isolates itself, then runs
+`target(emit, tmpdir)`, where `emit(msg)` writes one frame to the caller. Isolation, by `limits.isolation`:
 
-`lock_down(tmpdir)` is called by a runner right before it loads untrusted code: an audit hook that
-refuses sockets, subprocesses, exec, fork, signals to other processes and file writes outside `tmpdir`.
+  "namespaces" (the default): `kernels_eval.jail` — new mount, PID, network, IPC and UTS namespaces, an
+      allowlisted read-only view of the files (`view`), a private size-capped /tmp, an unprivileged uid
+      without capabilities, exactly `view.env` as environment. Nothing the job starts outlives it: the
+      job is PID 1 of its namespace, and the parent kills it by pid.
+  "process" (an explicit opt-out for machines without namespaces): the child calls setsid, leaves the
+      network namespace when root, drops to `limits.uid` when root and works in a private host temp dir.
+      Files, other jobs and the parent's environment are then only guarded by uid and the audit hook.
+
+In both, before any job code: rlimits (address space on CPU, CPU seconds, file size, no core dumps, open
+files, processes), stdin/stdout/stderr on /dev/null and every other descriptor closed but the result pipe.
+The parent reads the child's frames (at most `MAX_CHILD_OUTPUT` bytes), kills the job at the wall deadline
+or when the resident memory of its process tree passes the cap, and cleans up whatever is left.
+
+`lock_down(tmpdir)` is called by a runner right before it loads untrusted code: an audit hook that refuses
+sockets, subprocesses, exec, fork, signals, ctypes and file writes outside `tmpdir` — defence in depth
+behind the kernel's isolation, never the only wall.
 """
 from __future__ import annotations
 
@@ -23,7 +27,6 @@ import dataclasses
 import os
 import resource
 import select
-import shutil
 import signal
 import sys
 import tempfile
@@ -31,31 +34,53 @@ import time
 import traceback
 from typing import Any, Callable
 
+from kernels_eval import jail
 from kernels_eval import wire
 
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 MAX_CHILD_OUTPUT = 128 << 20
+ISOLATIONS = ("namespaces", "process")
+JAIL_SETUP_EXIT = 71
+PID_REPORT_TIMEOUT_S = 10.0
 
 
 @dataclasses.dataclass
 class Limits:
+  """Per-job limits. `uid`/`gid`: the identity of jobs set up by root (a pool gives each worker slot a uid
+  of its own above `uid`). `tmp_bytes`: size of a job's private /tmp ("namespaces")."""
   memory_bytes: int = 4 << 30
-  nproc: int = 256
+  nproc: int = 512
   cpu_seconds: int = 600
-  file_bytes: int = 64 << 20
+  file_bytes: int = 1 << 30
   open_files: int = 512
-  uid: int = 65534
-  gid: int = 65534
+  uid: int = 1 << 30
+  gid: int = 1 << 30
   address_space_limit: bool = True
-  unshare_net: bool = True
+  tmp_bytes: int = 2 << 30
+  isolation: str = "namespaces"
+
+  def __post_init__(self):
+    if self.isolation not in ISOLATIONS:
+      raise ValueError(f"Limits.isolation={self.isolation!r} is not one of {ISOLATIONS}")
+    if self.uid <= 0 or self.gid <= 0:
+      raise ValueError("Limits.uid and Limits.gid must be unprivileged (> 0)")
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+  """What a namespaced job sees besides the system folders: see `jail.Spec`."""
+  readable: tuple[str, ...] = ()
+  writable: tuple[str, ...] = ()
+  devices: tuple[str, ...] = ()
+  env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclasses.dataclass
 class ChildOutcome:
   """What came back from one sandboxed child. `data` holds its raw frames."""
-  data: bytes
+  data: bytearray
   exit_code: int | None
   signal: int | None
   timed_out: bool
@@ -69,17 +94,7 @@ class ChildOutcome:
     return d
 
 
-def _libc():
-  return ctypes.CDLL(None, use_errno=True)
-
-
-def _enter(limits: Limits, tmpdir: str, keep_fd: int) -> None:
-  """Runs in the child, as the forking user, before any job code."""
-  os.setsid()
-  libc = _libc()
-  is_root = os.geteuid() == 0
-  if limits.unshare_net and is_root and libc.unshare(CLONE_NEWNET) != 0:
-    raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
+def _set_rlimits(limits: Limits) -> None:
   if limits.address_space_limit:
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
   resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds))
@@ -87,13 +102,16 @@ def _enter(limits: Limits, tmpdir: str, keep_fd: int) -> None:
   resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
   resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
   resource.setrlimit(resource.RLIMIT_NPROC, (limits.nproc, limits.nproc))
-  devnull = os.open(os.devnull, os.O_RDWR)
-  for fd in (0, 1, 2):
-    os.dup2(devnull, fd)
+
+
+def _enter_process_mode(limits: Limits, tmpdir: str, keep_fd: int) -> None:
+  """The opt-out isolation ("process"): runs in the child, as the forking user, before any job code."""
+  libc = ctypes.CDLL(None, use_errno=True)
+  is_root = os.geteuid() == 0
+  if is_root and libc.unshare(CLONE_NEWNET) != 0:
+    raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
   os.closerange(3, keep_fd)
   os.closerange(keep_fd + 1, 65536)
-  os.environ.update(TMPDIR=tmpdir, HOME=tmpdir, TMP=tmpdir, TEMP=tmpdir)
-  tempfile.tempdir = tmpdir
   os.chdir(tmpdir)
   if is_root:
     os.setgroups([])
@@ -101,6 +119,44 @@ def _enter(limits: Limits, tmpdir: str, keep_fd: int) -> None:
     os.setuid(limits.uid)
   libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
   libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+def _job_env(view: View, tmpdir: str) -> dict[str, str]:
+  return {**dict(view.env), "TMPDIR": tmpdir, "HOME": tmpdir, "TMP": tmpdir, "TEMP": tmpdir}
+
+
+def _child(target, limits: Limits, view: View, tmpdir: str, w: int, pid_w: int) -> None:
+  """Runs in the forked child; never returns."""
+  code = 70
+  try:
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+      os.dup2(devnull, fd)
+    if limits.isolation == "namespaces":
+      jail.enter(jail.Spec(readable=view.readable, writable=view.writable, devices=view.devices,
+                           tmp_bytes=limits.tmp_bytes, uid=limits.uid, gid=limits.gid,
+                           env=tuple(_job_env(view, tmpdir).items()), pid_fd=pid_w, keep_fds=(w,)))
+      null = os.open(os.devnull, os.O_RDWR)
+      os.dup2(null, 2)
+      os.close(null)
+    else:
+      os.dup2(devnull, 2)
+      os.close(pid_w)
+      _enter_process_mode(limits, tmpdir, w)
+      os.environ.clear()
+      os.environ.update(_job_env(view, tmpdir))
+    tempfile.tempdir = tmpdir
+    _set_rlimits(limits)
+    target(lambda msg: _write_all(w, wire.encode(msg)), tmpdir)
+    code = 0
+  except BaseException as e:  # noqa: BLE001  (report anything, then leave)
+    try:
+      _write_all(w, wire.encode({"kind": "crash", "error": format_exception(e)}))
+    except BaseException:  # noqa: BLE001
+      pass
+  finally:
+    os._exit(code)
 
 
 _BLOCKED_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
@@ -115,6 +171,8 @@ def lock_down(tmpdir: str, *, allow_dlopen: bool = False) -> None:
   """Installs the audit hook (irreversible). `allow_dlopen` lets a runner load a compiled library.
 
   Writes are allowed under `tmpdir` and, when the worker was given one, JAX's compilation cache dir.
+  Some calls raise no audit event (`os.mkfifo`, writes relative to a `dir_fd`, `_posixsubprocess`): the
+  hook is not a sandbox, the kernel's isolation is.
   """
   roots = tuple(os.path.realpath(d) + os.sep
                 for d in (tmpdir, os.environ.get("JAX_COMPILATION_CACHE_DIR")) if d)
@@ -146,15 +204,42 @@ def lock_down(tmpdir: str, *, allow_dlopen: bool = False) -> None:
   sys.addaudithook(hook)
 
 
-def _rss_bytes(pid: int) -> int:
+def _tree(pid: int) -> list[int]:
+  """`pid` and all its descendants (from /proc)."""
+  out, stack = [], [pid]
+  while stack:
+    p = stack.pop()
+    if p in out:
+      continue
+    out.append(p)
+    try:
+      for tid in os.listdir(f"/proc/{p}/task"):
+        with open(f"/proc/{p}/task/{tid}/children", "rb") as f:
+          stack.extend(int(c) for c in f.read().split())
+    except (OSError, ValueError):
+      continue
+  return out
+
+
+def _memory(pid: int, field: bytes, path: str) -> int:
   try:
-    with open(f"/proc/{pid}/status", "rb") as f:
+    with open(f"/proc/{pid}/{path}", "rb") as f:
       for line in f:
-        if line.startswith(b"VmRSS:"):
+        if line.startswith(field):
           return int(line.split()[1]) * 1024
   except (OSError, ValueError):
     pass
   return 0
+
+
+def tree_memory_bytes(pid: int, limit: int) -> int:
+  """Memory of `pid` and its descendants: the sum of resident sizes, or, when that passes `limit` (forked
+  children share their parent's pages), of proportional sizes, which count a shared page once."""
+  tree = _tree(pid)
+  rss = sum(_memory(p, b"VmRSS:", "status") for p in tree)
+  if rss <= limit or len(tree) == 1:
+    return rss
+  return sum(_memory(p, b"Pss:", "smaps_rollup") for p in tree)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -169,72 +254,135 @@ def format_exception(e: BaseException, limit_lines: int = 12) -> str:
   return "".join(lines[-limit_lines:])
 
 
+def remove_tree(path: str) -> None:
+  """Removes a folder however deep or odd its content (iterative: no recursion limit); never raises."""
+  stack = [path]
+  while stack:
+    top = stack[-1]
+    try:
+      entries = list(os.scandir(top))
+    except OSError:
+      entries = []
+    subdirs = [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+    for e in entries:
+      if not e.is_dir(follow_symlinks=False):
+        try:
+          os.unlink(e.path)
+        except OSError:
+          pass
+    if subdirs:
+      stack.extend(subdirs)
+      continue
+    stack.pop()
+    try:
+      os.rmdir(top)
+    except OSError:
+      try:
+        os.chmod(top, 0o700)
+        os.rmdir(top)
+      except OSError:
+        pass
+
+
+def _read_pid(fd: int) -> int | None:
+  """J's pid as reported by C (namespaces), or None when C never reported one."""
+  ready, _, _ = select.select([fd], [], [], PID_REPORT_TIMEOUT_S)
+  data = os.read(fd, 4) if ready else b""
+  os.close(fd)
+  return int.from_bytes(data, "big") if len(data) == 4 else None
+
+
+def _kill(pid: int | None, pgid: int) -> None:
+  for kill, target in ((os.kill, pid), (os.killpg, pgid)):
+    if target:
+      try:
+        kill(target, signal.SIGKILL)
+      except (ProcessLookupError, PermissionError):
+        pass
+
+
 def run_sandboxed(target: Callable[[Callable[[Any], None], str], None], timeout_s: float,
-                  limits: Limits | None = None, tmp_root: str | None = None) -> ChildOutcome:
+                  limits: Limits | None = None, view: View | None = None,
+                  tmp_root: str | None = None) -> ChildOutcome:
   """Runs `target(emit, tmpdir)` in a sandboxed child; `emit(msg)` sends one frame to the caller.
 
-  The job dir is made under `tmp_root` (default: the system temp dir), which the sandbox uid must be
-  able to enter.
+  `view`: what a namespaced job may read and write, and its environment. `tmp_root`: where the
+  "process" isolation makes the job's temp dir (the sandbox uid must be able to enter it).
   """
-  limits = limits or Limits()
-  tmpdir = tempfile.mkdtemp(prefix="job-", dir=tmp_root)
-  if os.geteuid() == 0:
-    os.chown(tmpdir, limits.uid, limits.gid)
-  os.chmod(tmpdir, 0o700)
+  limits, view = limits or Limits(), view or View()
+  namespaced = limits.isolation == "namespaces"
+  tmpdir = "/tmp" if namespaced else tempfile.mkdtemp(prefix="job-", dir=tmp_root)
+  if not namespaced:
+    if os.geteuid() == 0:
+      os.chown(tmpdir, limits.uid, limits.gid)
+    os.chmod(tmpdir, 0o700)
   r, w = os.pipe()
+  pid_r, pid_w = os.pipe()
   start = time.monotonic()
   pid = os.fork()
   if pid == 0:
-    code = 70
-    try:
-      os.close(r)
-      _enter(limits, tmpdir, w)
-      target(lambda msg: _write_all(w, wire.encode(msg)), tmpdir)
-      code = 0
-    except BaseException as e:  # noqa: BLE001  (report anything, then leave)
-      try:
-        _write_all(w, wire.encode({"kind": "crash", "error": format_exception(e)}))
-      except BaseException:  # noqa: BLE001
-        pass
-    finally:
-      os._exit(code)
+    os.close(r)
+    os.close(pid_r)
+    _child(target, limits, view, tmpdir, w, pid_w)
   os.close(w)
-  chunks, size, truncated, timed_out, memory_killed = [], 0, False, False, False
-  deadline = start + timeout_s
-  status = None
+  os.close(pid_w)
+  job_pid = _read_pid(pid_r) if namespaced else pid
   try:
-    while True:
-      now = time.monotonic()
-      if now >= deadline:
-        timed_out = status is None
-        break
-      ready, _, _ = select.select([r], [], [], min(0.05, deadline - now))
-      if ready:
-        chunk = os.read(r, 1 << 20)
-        if not chunk:
-          break
-        size += len(chunk)
-        if size > MAX_CHILD_OUTPUT:
-          truncated = True
-          break
-        chunks.append(chunk)
-      if _rss_bytes(pid) > limits.memory_bytes:
-        memory_killed = True
-        break
-      if status is None:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        if info is not None:
-          status = info
-          deadline = min(deadline, time.monotonic() + 1.0)
+    data, timed_out, memory_killed, truncated = _collect(r, pid, job_pid or pid, start + timeout_s, limits)
   finally:
-    try:
-      os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-      pass
+    _kill(job_pid, pid)
     _, wstatus = os.waitpid(pid, 0)
     os.close(r)
-    shutil.rmtree(tmpdir, ignore_errors=True)
+    if not namespaced:
+      remove_tree(tmpdir)
   exit_code = os.waitstatus_to_exitcode(wstatus)
-  return ChildOutcome(data=b"".join(chunks), exit_code=exit_code if exit_code >= 0 else None,
+  return ChildOutcome(data=data, exit_code=exit_code if exit_code >= 0 else None,
                       signal=-exit_code if exit_code < 0 else None, timed_out=timed_out,
                       memory_killed=memory_killed, truncated=truncated, wall_s=time.monotonic() - start)
+
+
+def _wait_exit(pid: int, until: float) -> None:
+  """Gives a child that closed its pipe until `until` to exit on its own (its status is then its own)."""
+  while time.monotonic() < until:
+    if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+      return
+    time.sleep(0.005)
+
+
+def wipe(buffer: bytearray) -> None:
+  """Zeroes a buffer in place (a job's frames must not linger in the memory the next child inherits)."""
+  if buffer:
+    ctypes.memset((ctypes.c_char * len(buffer)).from_buffer(buffer), 0, len(buffer))
+
+
+def _collect(r: int, pid: int, job_pid: int, deadline: float,
+             limits: Limits) -> tuple[bytearray, bool, bool, bool]:
+  """Reads the child's frames until it exits (or the deadline, the memory cap or the output cap), into one
+  buffer that the caller can `wipe` (never into short-lived copies)."""
+  buffer, size, truncated, timed_out, memory_killed = bytearray(1 << 16), 0, False, False, False
+  exited = False
+  while True:
+    now = time.monotonic()
+    if now >= deadline:
+      timed_out = not exited
+      break
+    ready, _, _ = select.select([r], [], [], min(0.05, deadline - now))
+    if ready:
+      if size == len(buffer):
+        buffer.extend(bytes(len(buffer)))
+      n = os.readv(r, [memoryview(buffer)[size:]])
+      if not n:
+        _wait_exit(pid, min(deadline, time.monotonic() + 1.0))
+        break
+      size += n
+      if size > MAX_CHILD_OUTPUT:
+        truncated = True
+        break
+    if tree_memory_bytes(job_pid, limits.memory_bytes) > limits.memory_bytes:
+      memory_killed = True
+      break
+    if not exited and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+      exited = True
+      deadline = min(deadline, time.monotonic() + 1.0)
+  del buffer[size:]
+  return buffer, timed_out, memory_killed, truncated

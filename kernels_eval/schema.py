@@ -109,8 +109,10 @@ class EvalResult:
 
 
 def truncate_feedback(text: str, limit: int = FEEDBACK_MAX_BYTES) -> str:
-  """Caps feedback at `limit` UTF-8 bytes, keeping the head and marking the cut."""
-  data = text.encode("utf-8")
+  """Caps feedback at `limit` UTF-8 bytes, keeping the head and marking the cut. Text that is not valid
+  Unicode (lone surrogates from a child's messages) has those characters replaced."""
+  data = str(text).encode("utf-8", errors="replace")
+  text = data.decode("utf-8")
   if len(data) <= limit:
     return text
   marker = "\n[... feedback truncated]"

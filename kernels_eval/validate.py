@@ -45,10 +45,11 @@ def default_cache_dir() -> pathlib.Path:
   return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "kernels_eval"
 
 
-def _judge(task: task_lib.Task, outcome, perturbed_names) -> tuple[list[str], dict[str, Any]]:
+def _judge(task: task_lib.Task, job, perturbed_names) -> tuple[list[str], dict[str, Any]]:
+  if job.infra_error or "validate" not in job.steps:
+    return [f"infra_error: {job.infra_error or 'the validation step did not run'}"], {}
+  outcome = job.steps["validate"]
   msgs = {m.get("kind"): m for m in outcome.messages if isinstance(m, dict)}
-  if outcome.infra_error:
-    return [f"infra_error: {outcome.infra_error}"], {}
   if outcome.timed_out:
     return ["too_slow: reference exceeded the time cap"], {}
   if outcome.memory_killed:
@@ -122,7 +123,7 @@ def validate_task(task: task_lib.Task, *, evaluator=None, cache_dir: str | os.Pa
       inputs[i] = trials_lib.trial_inputs(task, seed + 1 + i, 0)[i]
       perturbed.append(inputs)
     payload = {"task": task.to_job(), "trials": trials, "perturbed": perturbed}
-    outcome = evaluator.run_job("reference", payload, timeout_s).result()
+    outcome = evaluator.run_job("validate", payload, timeout_s).result()
     reasons, details = _judge(task, outcome, task.input_names)
     verdict.reasons += reasons
     verdict.details.update(details)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import struct
 from typing import Any, BinaryIO
 
@@ -15,6 +16,9 @@ import ml_dtypes
 import numpy as np
 
 MAX_FRAME_BYTES = 256 << 20
+MAX_FRAMES = 4096                       # per stream: an honest job step writes a few dozen
+MAX_CONTAINERS = 16384                  # JSON arrays and objects per frame (a frame's decoded size stays bounded)
+MAX_DIM = 1 << 40
 ARRAY_DTYPES = {
     "float64": np.dtype(np.float64), "float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
     "bfloat16": np.dtype(ml_dtypes.bfloat16), "int64": np.dtype(np.int64), "int32": np.dtype(np.int32),
@@ -51,11 +55,12 @@ def _decode_array(spec: Any) -> np.ndarray:
   name, shape, data = spec
   if name not in ARRAY_DTYPES:
     raise WireError(f"array dtype {name!r} is not allowed")
-  if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-    raise WireError(f"array shape {shape!r} is not a list of non-negative ints")
+  if not (isinstance(shape, list) and len(shape) <= 32
+          and all(isinstance(d, int) and 0 <= d <= MAX_DIM for d in shape)):
+    raise WireError(f"array shape {str(shape)[:100]} is not a list of at most 32 sizes in [0, 2**40]")
   raw = base64.b64decode(data, validate=True)
   dtype = ARRAY_DTYPES[name]
-  if len(raw) != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+  if len(raw) != math.prod(shape) * dtype.itemsize:
     raise WireError(f"array of shape {shape} and dtype {name} has {len(raw)} bytes")
   return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
 
@@ -79,22 +84,34 @@ def encode(msg: Any) -> bytes:
 
 
 def decode_payload(payload: bytes) -> Any:
+  if payload.count(b"[") + payload.count(b"{") > MAX_CONTAINERS:
+    raise WireError(f"more than {MAX_CONTAINERS} arrays and objects in one frame")
   try:
     return _from_jsonable(json.loads(payload.decode("utf-8")))
-  except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as e:
-    raise WireError(f"undecodable frame: {e}") from e
+  except (UnicodeDecodeError, ValueError, TypeError, ArithmeticError, RecursionError, MemoryError) as e:
+    raise WireError(f"undecodable frame: {type(e).__name__}: {str(e)[:200]}") from e
 
 
-def split_frames(data: bytes) -> tuple[list[Any], bool]:
-  """Decodes a byte stream of frames. Returns (messages, complete); a cut-off tail is dropped."""
+def split_frames(data: bytes) -> tuple[list[Any], str | None]:
+  """Decodes a byte stream of frames: (the messages decoded, None) when every byte made a frame, else
+  (the messages before the first bad one, what is wrong: a cut-off tail, an oversized or undecodable frame)."""
   out, pos = [], 0
-  while pos + _HEADER.size <= len(data):
+  while pos < len(data):
+    if len(out) == MAX_FRAMES:
+      return out, f"more than {MAX_FRAMES} frames"
+    if pos + _HEADER.size > len(data):
+      return out, f"{len(data) - pos} stray bytes after {len(out)} frames"
     (n,) = _HEADER.unpack_from(data, pos)
-    if n > MAX_FRAME_BYTES or pos + _HEADER.size + n > len(data):
-      return out, False
-    out.append(decode_payload(data[pos + _HEADER.size: pos + _HEADER.size + n]))
+    if n > MAX_FRAME_BYTES:
+      return out, f"a frame of {n} bytes (cap {MAX_FRAME_BYTES}) after {len(out)} frames"
+    if pos + _HEADER.size + n > len(data):
+      return out, f"a cut-off frame after {len(out)} frames"
+    try:
+      out.append(decode_payload(data[pos + _HEADER.size: pos + _HEADER.size + n]))
+    except WireError as e:
+      return out, f"frame {len(out)}: {e}"
     pos += _HEADER.size + n
-  return out, pos == len(data)
+  return out, None
 
 
 def read_exact(stream: BinaryIO, n: int) -> bytes:
@@ -113,13 +130,6 @@ def read_frame(stream: BinaryIO) -> Any:
   if n > MAX_FRAME_BYTES:
     raise WireError(f"frame of {n} bytes exceeds {MAX_FRAME_BYTES}")
   return decode_payload(read_exact(stream, n))
-
-
-def read_raw_frame(stream: BinaryIO) -> bytes:
-  (n,) = _HEADER.unpack(read_exact(stream, _HEADER.size))
-  if n > MAX_FRAME_BYTES:
-    raise WireError(f"frame of {n} bytes exceeds {MAX_FRAME_BYTES}")
-  return read_exact(stream, n)
 
 
 def write_frame(stream: BinaryIO, msg: Any) -> None:

@@ -1,28 +1,44 @@
-"""A warm worker: imports JAX and the runners once, then forks one sandboxed child per job.
+"""A warm worker: imports JAX and the runners once, then forks one sandboxed child per job step.
 
-Started by `kernels_eval.pool` as `python -m kernels_eval.worker`. It never runs job code itself: each job
-runs in a fresh child (`kernels_eval.sandbox`), so a crash, a hang or a poisoned runtime dies with that
-child, and the worker answers the next job. Protocol on stdin/stdout (frames of `kernels_eval.wire`):
+Started by `kernels_eval.pool` as `python -m kernels_eval.worker`. It never runs job code itself: each
+step of a job runs in a fresh child (`kernels_eval.sandbox`), so a crash, a hang or a poisoned runtime
+dies with that child, and the worker answers the next job. A job's steps run one after the other in
+separate children, so a reference never shares a process with candidate code. Protocol on
+stdin/stdout (frames of `kernels_eval.wire`):
 
-  parent -> worker: {"runners": {name: "module:function"}, "limits": {...}, "tmp_root": str}   (once)
-  worker -> parent: {"kind": "ready", "toolchain": {...}}
-  parent -> worker: {"runner": name, "timeout_s": float, "payload": {...}}                       (per job)
-  worker -> parent: {"kind": "outcome", <ChildOutcome header>, "nbytes": n}, then n raw bytes: the
-                    child's frames, which the parent decodes (never the worker).
+  parent -> worker: {"runners": {name: "module:function"}, "limits": {...}, "tmp_root": str,
+                     "writable": [paths], "job_env": {...}}                                  (once)
+  worker -> parent: {"kind": "ready", "toolchain": {...}, "isolation_error": str | None}
+  parent -> worker: {"steps": [runner name, ...], "timeout_s": float, "payload": {...}}      (per job)
+  worker -> parent: per step, as soon as it ends: {"kind": "step", <ChildOutcome header>, "runner": name,
+                    "nbytes": n}, then its n raw bytes: its frames, which the parent decodes (never the
+                    worker); then {"kind": "end"}. A step's bytes are sent and wiped from the worker's
+                    memory before the next step's child is forked, so no child inherits another's report.
 
-A runner that fails to import is reported on each of its jobs as a "crash" message; the others work.
-A runner is `run(payload, emit, tmpdir)`; it calls `sandbox.lock_down(tmpdir)` before loading untrusted
-code and reports with `emit({"kind": ..., ...})`.
+`timeout_s` bounds the whole job; a step that times out ends the job (later steps are not run). A runner
+that fails to import is reported on each of its steps as a "crash" message; the others work. A runner is
+`run(payload, emit, tmpdir)` and reports with `emit({"kind": ..., ...})`; one that loads untrusted code
+calls `sandbox.lock_down(tmpdir)` first.
 """
 from __future__ import annotations
 
+import glob
 import importlib
 import os
+import pathlib
 import platform
 import sys
+import time
 
 from kernels_eval import sandbox
 from kernels_eval import wire
+
+PACKAGE_ROOT = pathlib.Path(__file__).resolve().parents[1]
+# Imported here once, so that jobs neither pay for them nor read their files lazily from inside the jail.
+SHARED = frozenset({"/", "/tmp", "/var/tmp", "/home", "/root", os.path.realpath(os.path.expanduser("~"))})
+PRELOAD = ("jax.experimental.pallas", "jax.experimental.pallas.triton", "jax._src.pallas.triton.lowering",
+           "jax._src.pallas.pallas_call", "jaxlib.mlir.dialects.mhlo", "jaxlib.mlir.dialects.stablehlo",
+           "jax._src.interpreters.mlir", "numpy.linalg", "ml_dtypes")
 
 
 def _load(spec: str):
@@ -37,6 +53,89 @@ def _toolchain() -> dict[str, str]:
           "platforms": os.environ.get("JAX_PLATFORMS", "")}
 
 
+def _readable_roots() -> list[str]:
+  """The folders a job reads: the interpreter, the virtualenv, sys.path, the CUDA toolkit and caches.
+
+  The project checkout itself is not one: only its `kernels_eval` package is (not workdirs, not .git).
+  Nor are shared folders that land on `sys.path` by accident (a script run from /tmp or a home).
+  """
+  roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path}
+  roots |= set(os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep))
+  roots |= {os.environ.get("CUDA_HOME", ""), "/usr/local/cuda", os.environ.get("KERNELS_EVAL_CACHE_DIR", "")}
+  project = str(PACKAGE_ROOT)
+  out = set()
+  for root in roots:
+    if not root or not os.path.isabs(root) or not os.path.exists(root) or os.path.realpath(root) in SHARED:
+      continue
+    if os.path.realpath(root) == project and "-packages" not in project:
+      root = str(PACKAGE_ROOT / "kernels_eval")
+    out.add(root)
+  return sorted(out)
+
+
+def job_view(config: dict) -> sandbox.View:
+  """What every job of this worker sees (namespaces isolation)."""
+  devices = tuple(sorted(glob.glob("/dev/nvidia*")))
+  readable = tuple(_readable_roots()) + (("/sys",) if devices else ())
+  return sandbox.View(readable=readable, writable=tuple(config.get("writable", ())), devices=devices,
+                      env=tuple(sorted(config.get("job_env", {}).items())))
+
+
+def _self_test(emit, tmpdir: str) -> None:
+  """In a jail: every already-imported module file must be readable there (the same files a job's
+  lazy imports and tracebacks read)."""
+  del tmpdir
+  for module in list(sys.modules.values()):
+    path = getattr(module, "__file__", None)
+    if not path or not os.path.isabs(path):
+      continue
+    try:
+      with open(path, "rb") as f:
+        f.read(1)
+    except OSError as e:
+      emit({"kind": "unreadable", "path": path, "error": e.strerror})
+      return
+  emit({"kind": "ok"})
+
+
+def _isolation_error(limits: sandbox.Limits, view: sandbox.View, tmp_root: str) -> str | None:
+  """None when a jailed child works and can read what jobs need, else what is wrong and how to fix it."""
+  outcome = sandbox.run_sandboxed(_self_test, 60.0, limits, view, tmp_root)
+  messages, _ = wire.split_frames(outcome.data)
+  if messages and messages[-1].get("kind") == "ok":
+    return None
+  if messages and messages[-1].get("kind") == "unreadable":
+    path = messages[-1]["path"]
+    return (f"a sandboxed job (uid {limits.uid if os.geteuid() == 0 else os.getuid()}) cannot read {path} "
+            f"({messages[-1]['error']}): jobs need the interpreter, the virtualenv and this package to be "
+            "readable by that uid (e.g. `chmod -R o+rX` on the virtualenv), or run as that user")
+  if messages and messages[-1].get("kind") == "crash":
+    return f"a sandboxed job failed to start: {messages[-1]['error'][-600:]}"
+  return f"a sandboxed job failed to start (exit {outcome.exit_code}, signal {outcome.signal}); see the worker log"
+
+
+def _run_steps(job: dict, runners: dict, broken: dict, limits: sandbox.Limits, view: sandbox.View,
+               tmp_root: str, out) -> None:
+  deadline = time.monotonic() + float(job["timeout_s"])
+  for name in job["steps"]:
+    if name in runners:
+      outcome = sandbox.run_sandboxed(
+          lambda emit, tmpdir, fn=runners[name]: fn(job["payload"], emit, tmpdir),
+          max(deadline - time.monotonic(), 0.1), limits, view, tmp_root)
+      header, data = outcome.header(), outcome.data
+    else:
+      error = broken.get(name, f"unknown runner {name!r}")
+      header, data = {"exit_code": 1}, bytearray(wire.encode({"kind": "crash", "error": error}))
+    out.write(wire.encode({"kind": "step", **header, "runner": name, "nbytes": len(data)}))
+    out.write(data)
+    out.flush()
+    sandbox.wipe(data)
+    if header.get("timed_out") or header.get("memory_killed") or header.get("truncated"):
+      break
+  out.write(wire.encode({"kind": "end"}))
+  out.flush()
+
+
 def main() -> None:
   proto_out = os.fdopen(os.dup(1), "wb")
   os.dup2(2, 1)
@@ -48,24 +147,22 @@ def main() -> None:
       runners[name] = _load(spec)
     except Exception as e:  # noqa: BLE001  (reported per job; the other runners keep working)
       broken[name] = f"runner {name} ({spec}) failed to load: {e!r}"
+  for module in PRELOAD:
+    try:
+      importlib.import_module(module)
+    except ImportError:
+      pass
   limits = sandbox.Limits(**config["limits"])
-  wire.write_frame(proto_out, {"kind": "ready", "toolchain": _toolchain(), "pid": os.getpid()})
+  view = job_view(config)
+  error = _isolation_error(limits, view, config["tmp_root"])
+  wire.write_frame(proto_out, {"kind": "ready", "toolchain": _toolchain(), "pid": os.getpid(),
+                               "isolation_error": error})
   while True:
     try:
       job = wire.read_frame(proto_in)
     except EOFError:
       return
-    name = job["runner"]
-    if name in runners:
-      outcome = sandbox.run_sandboxed(lambda emit, tmpdir: runners[name](job["payload"], emit, tmpdir),
-                                      float(job["timeout_s"]), limits, config["tmp_root"])
-      header, data = outcome.header(), outcome.data
-    else:
-      error = broken.get(name, f"unknown runner {name!r}")
-      header, data = {"exit_code": 1}, wire.encode({"kind": "crash", "error": error})
-    proto_out.write(wire.encode({"kind": "outcome", **header, "nbytes": len(data)}))
-    proto_out.write(data)
-    proto_out.flush()
+    _run_steps(job, runners, broken, limits, view, config["tmp_root"], proto_out)
 
 
 if __name__ == "__main__":

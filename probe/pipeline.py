@@ -138,7 +138,8 @@ def make_checker(cfg, *, remember: bool = True) -> generator_lib.TaskChecker:
 
 
 def make_evaluator(cfg) -> kernels_eval.Evaluator:
-  return kernels_eval.Evaluator(workers=cfg.evaluator.workers, timeout_s=cfg.evaluator.timeout_s or None)
+  return kernels_eval.Evaluator(workers=cfg.evaluator.workers, timeout_s=cfg.evaluator.timeout_s or None,
+                               isolation=cfg.evaluator.isolation)
 
 
 def make_extractor(cfg, model, tokenizer, layer: int | None) -> activations.ActivationExtractor:

@@ -1,22 +1,28 @@
-"""nvcc toolchains, the compile cache, compiler feedback, the symbol audit and the harness program.
+"""nvcc toolchains, preprocessing, the compile cache, compiler feedback, the symbol audit and the harness
+program.
 
 These run nvcc for real (about 2-3 s per kernel on 2 cores; the embedded suite compiles in one parallel
 batch and stays in the compile cache across runs).
 """
 import concurrent.futures
+import dataclasses
+import os
 import multiprocessing
 import subprocess
 
 import numpy as np
 import pytest
 
+from kernels_eval import jail
 from kernels_eval import task as task_lib
 from kernels_eval.cuda import audit
 from kernels_eval.cuda import backend
 from kernels_eval.cuda import compile as compile_lib
 from kernels_eval.cuda import prototype
 from kernels_eval.cuda import session
+from kernels_eval.cuda import static_check
 from kernels_eval.cuda import toolchain
+from kernels_eval.hardening import cuda_cases
 
 SIG = prototype.CudaSignature(("x",), ("float32",), "float32", ("n",))
 SCALE = """#include <cuda_runtime.h>
@@ -159,3 +165,141 @@ def test_runner_program_builds_and_reports_the_missing_gpu(tmp_path):
       with pytest.raises(session.RunnerFailure) as e:
         s.check()
       assert e.value.kind == "no_device"
+
+
+def test_compile_feedback_never_quotes_other_files():
+  log = ('/usr/include/x.h(3): error: identifier "root_secret" is undefined\n  root_secret:x:0:0\n  ^\n'
+         "In file included from solution.cu:2:\n/etc/shadow:1:5: error: expected ';' before ':' token\n"
+         "    1 | root:$6$hash:19000\n      |     ^\n"
+         "solution.cu:7:3: error: 'nope' was not declared in this scope\n    7 |   nope();\n      |   ^~~~\n"
+         "some stray line with root_secret\nptxas error   : Entry function uses too much shared data\n")
+  text = compile_lib.trim_log(log)
+  assert 'x.h: error: identifier "..." is undefined' in text and "shadow: error: expected" in text
+  assert "root" not in text and "stray" not in text
+  assert "solution.cu:7: error: 'nope' was not declared" in text and "    7 |   nope();" in text
+  assert text.endswith("ptxas error   : Entry function uses too much shared data")
+  assert compile_lib.trim_log("fatal: something odd\n") == "nvcc failed without an error located in solution.cu"
+
+
+def test_nvcc_runs_with_the_scrubbed_environment_only(tmp_path, monkeypatch):
+  monkeypatch.setenv("KERNELS_EVAL_TEST_SECRET", "1")
+  tc = toolchain.find_toolchain()
+  probe = dataclasses.replace(tc, nvcc="/usr/bin/env")
+  if os.geteuid() == 0:
+    os.chown(tmp_path, compile_lib.JAIL_UID, compile_lib.JAIL_UID)  # the jail's identity enters the job folder
+  out = compile_lib.run_nvcc(probe, [], str(tmp_path), timeout_s=30, limits=compile_lib.PREPROCESS_LIMITS,
+                             jailed=True).stdout
+  env = dict(line.split("=", 1) for line in out.splitlines())
+  assert env == {"PATH": "/usr/bin:/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path), "LANG": "C",
+                 "CUDA_HOME": tc.root}
+
+
+def test_preprocessing_matches_nvccs_own_host_and_device_passes(tmp_path):
+  tc = toolchain.find_toolchain()
+  source = SCALE.replace("out[i] = 2.0f", "out[i] = HOST_OR_DEVICE").replace(
+      "__global__", "#ifdef __CUDA_ARCH__\n#define HOST_OR_DEVICE 3.0f\n#else\n#define HOST_OR_DEVICE 2.0f\n#endif\n"
+      "__global__") + SIG.entry_shim()
+  pre = compile_lib.preprocess(source, tc, "sm_90")
+  assert pre.reason is None and "3.0f" in pre.device and "3.0f" not in pre.host
+  (tmp_path / "solution.cu").write_text(source)
+  subprocess.run([tc.nvcc, *compile_lib.nvcc_flags(tc, "sm_90"), "-keep", "-keep-dir", str(tmp_path), "solution.cu",
+                  "-o", "lib.so"], cwd=tmp_path, env=tc.env(str(tmp_path)), check=True, capture_output=True)
+  assert (tmp_path / "solution.cpp4.ii").read_text() == pre.host
+  assert (tmp_path / "solution.cpp1.ii").read_text() == pre.device
+
+
+def _cases(*names: str) -> dict[str, str]:
+  return {c.name: c.source for c in cuda_cases.CASES if c.name in {f"cuda_{n}" for n in names}}
+
+
+SECOND_LAYER = {  # case -> what the preprocessed rules say (host pass, device pass), without the raw rules
+    "system_digraph_paste": ("host_syscall", "host_syscall"),
+    "exit_parenthesised": ("host_syscall", "host_syscall"),
+    "exit_macro": ("host_syscall", "host_syscall"),
+    "exit_pointer": ("host_syscall", "host_syscall"),
+    "builtin_exit": ("forbidden_builtin", "forbidden_builtin"),
+    "constructor_gnu_attribute": ("forbidden_attribute", "forbidden_attribute"),
+    "constructor_dunder": ("forbidden_attribute", "forbidden_attribute"),
+    "init_array_section": ("forbidden_attribute", "forbidden_attribute"),
+    "managed_result_cache": ("forbidden_attribute", "forbidden_attribute"),
+    "line_relabel_digraph": ("forbidden_preprocessor", "forbidden_preprocessor"),
+    "line_relabel": ("forbidden_preprocessor", "forbidden_preprocessor"),
+    "line_marker": ("forbidden_preprocessor", "forbidden_preprocessor"),
+    "raw_string_lexer": ("forbidden_preprocessor", "forbidden_preprocessor"),
+    "pragma_macro": ("forbidden_preprocessor", "forbidden_preprocessor"),
+    "arch_host_path": ("host_syscall", None),
+    "arch_device_asm": (None, "inline_asm"),
+    "include_proc_environ": ("forbidden_include", "forbidden_include"),
+}
+
+
+def test_preprocessed_rules_catch_what_the_source_rules_catch():
+  tc = toolchain.find_toolchain()
+  task = next(t for t in task_lib.load_tasks() if t.id == cuda_cases.TASK_ID)
+  cases = _cases(*SECOND_LAYER)
+  assert len(cases) == len(SECOND_LAYER)
+  for name, source in cases.items():
+    full, _ = backend.shimmed_source(task, source)
+    pre = compile_lib.preprocess(full, tc, "sm_90")
+    got = tuple(getattr(static_check.check_preprocessed(text, tc.root, pre.log), "reason", None)
+                for text in (pre.host, pre.device))
+    assert pre.reason is None and got == SECOND_LAYER[name.removeprefix("cuda_")], (name, got, pre.reason)
+
+
+def test_preprocessor_failures_reject(monkeypatch):
+  tc = toolchain.find_toolchain()
+  bomb = _cases("preprocessor_bomb")["cuda_preprocessor_bomb"]
+  assert compile_lib.preprocess(bomb, tc, "sm_90").reason == "preprocess_too_large"
+  error = compile_lib.preprocess(SCALE.replace("__global__", "#error no\n__global__"), tc, "sm_90")
+  assert error.reason == "preprocess_error" and error.feedback.startswith("solution.cu:2: error: #error no")
+  assert compile_lib.preprocess(SCALE, tc, "sm_90", timeout_s=0.01).reason == "preprocess_timeout"
+  task = next(t for t in task_lib.load_tasks() if t.id == cuda_cases.TASK_ID)
+
+  def fails(error: Exception):
+    def preprocess(*args, **kwargs):
+      raise error
+    return preprocess
+
+  monkeypatch.setattr(compile_lib, "preprocess", fails(ValueError("a checker bug")))
+  assert backend.static_check(task, task.solutions["cuda"]).reason == "static_check_failed"
+  monkeypatch.setattr(compile_lib, "preprocess", fails(jail.IsolationUnavailable("no namespaces")))
+  with pytest.raises(jail.IsolationUnavailable):
+    backend.static_check(task, task.solutions["cuda"])
+
+
+def test_an_included_host_file_is_never_echoed(tmp_path):
+  secret = tmp_path / "notes.h"
+  secret.write_text("root_secret_token:x:0:0 more_secret_words\n")
+  tc = toolchain.find_toolchain()
+  source = SCALE.replace("#include <cuda_runtime.h>", f'#define NOTES "{secret}"\n#include NOTES')
+  pre = compile_lib.preprocess(source + SIG.entry_shim(), tc, "sm_90")
+  assert pre.reason == "preprocess_error" and "secret" not in pre.feedback + pre.log  # outside nvcc's jail
+  compiled = _build(source, tmp_path)
+  assert not compiled.ok and "secret" not in compiled.feedback and "notes.h" in compiled.feedback
+
+
+def test_audit_rejects_load_time_code_and_accepts_the_toolchains_own(tmp_path, suite_builds):
+  _, builds = suite_builds
+  assert audit.load_time_code(builds[0].library) == []
+  source = SCALE.replace("__global__", "struct Warm { Warm() { cudaGetLastError(); } };\nstatic Warm warm;\n"
+                         "__attribute__((destructor)) static void late() { cudaGetLastError(); }\n__global__")
+  result = _build(source, tmp_path)
+  assert result.ok, result.log
+  rejection = audit.audit_library(result.library, source, ("solution", prototype.ENTRY_SYMBOL))
+  assert rejection.reason == "load_time_code"
+  assert "_GLOBAL__sub_I_" in rejection.message and "_ZL4latev" in rejection.message
+
+
+def test_audit_takes_constants_from_the_preprocessed_text_only(tmp_path):
+  tc = toolchain.find_toolchain()
+  fake = SCALE.replace("__global__", "#if 0\n__constant__ float cache[1];\n#endif\nstatic float cache[1];\n"
+                       "namespace other { __constant__ float hits[1]; }\nstatic float hits[1];\n__global__").replace(
+      "scale<<<", "cache[0] += hits[0] += 1;\n  scale<<<")
+  result = _build(fake, tmp_path)
+  assert result.ok, result.log
+  pre = compile_lib.preprocess(fake + SIG.entry_shim(), tc, "sm_90")
+  assert audit.constant_names(pre.host) == audit.constant_names(fake) == set()
+  rejection = audit.audit_library(result.library, pre.host, ("solution", prototype.ENTRY_SYMBOL))
+  assert rejection.reason == "mutable_global_state" and "_ZL5cache" in rejection.message
+  honest = SCALE.replace("__global__", "__constant__ float kScale[1] = {2.0f};\n__global__")
+  assert audit.constant_names(compile_lib.preprocess(honest, tc, "sm_90").host) == {"kScale"}

@@ -62,6 +62,22 @@ def test_trloo_caps_speedup_and_uses_leave_one_out_per_turn():
   np.testing.assert_allclose(out.advantages[0, :, 0], [4.0, -4.0])
 
 
+def test_kevin_caps_speedup_and_a_suspicious_speedup_scores_nothing():
+  from kernels_eval import schema  # pylint: disable=import-outside-toplevel
+  from leap_jax.rollout import harness  # pylint: disable=import-outside-toplevel
+  success = np.ones((1, 3, 1), bool)
+  scores = methods.turn_scores(methods.get_method("kevin"), success, np.array([[[50.0], [2.0], [np.nan]]], np.float32))
+  np.testing.assert_allclose(scores[0, :, 0], [0.3 + methods.KEVIN_SPEEDUP_CAP, 2.3, 0.3])
+  timed = schema.Timing(kernel_ms=0.01, reference_ms=10.0, speedup=1000.0)
+  speedup = np.full((1, 1, 2), np.nan, np.float32)
+  for t, flags in enumerate(([], ["suspicious_speedup"])):
+    result = schema.EvalResult(status="correct", stage="timing", timing=timed, flags=flags)
+    holder = type("Batch", (), {"results": {}, "success": np.zeros((1, 1, 2), bool),
+                                "status": np.zeros((1, 1, 2), np.int32), "speedup": speedup})()
+    harness.Rollout._store(holder, 0, 0, t, result)  # pylint: disable=protected-access
+  assert speedup[0, 0, 0] == 1000.0 and np.isnan(speedup[0, 0, 1])
+
+
 def test_invalid_samples_get_no_credit_and_are_not_counted():
   success, keep = _outcomes([[1, 0, 0, 1]], 2)
   valid = np.array([[True, True, True, False]])

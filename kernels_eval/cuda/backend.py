@@ -1,9 +1,14 @@
 """The CUDA C++ backend of the evaluator (`kernels_eval.backends`), parent side: no JAX.
 
 `static_check(task, source)` runs in the parent for every request:
-  1. the source rules of `cuda.static_check` (includes, asm, allocation, streams, syscalls, ...);
-  2. nvcc through the compile cache (`cuda.compile`; the parent is the only writer of the cache);
-  3. the symbol audit of the library (`cuda.audit`).
+  1. the source rules of `cuda.static_check` on the source as written (includes, directives, asm,
+     allocation, streams, syscalls, attributes, ...);
+  2. nvcc -E, host and device pass, jailed (`cuda.compile.preprocess`), and the same rules on the
+     candidate's code as the compiler sees it (`check_preprocessed`): macros, digraphs and `#if`
+     resolved, includes resolved; a preprocessor that fails, times out or explodes rejects;
+  3. nvcc, jailed, through the compile cache (`cuda.compile`; the parent is the only writer of the cache);
+  4. the symbol audit of the library (`cuda.audit`), with the `__constant__` names of the preprocessed
+     host text.
 A compile error is not a rejection: the worker finds the failed build in the cache and reports it as
 `compile_error` at stage `compile` with the trimmed nvcc messages. On a GPU host the harness program
 (`runner.cu`) is built into the cache here too, once per process. The worker side is
@@ -20,6 +25,7 @@ import os
 from typing import Sequence
 
 from kernels_eval import backends
+from kernels_eval import jail
 from kernels_eval import pool as pool_lib
 from kernels_eval import render
 from kernels_eval import static_check as static_check_lib
@@ -59,16 +65,39 @@ def runner_program() -> str:
   return compile_lib.build_runner(toolchain_lib.find_toolchain())
 
 
-def static_check(task: task_lib.Task, source: str) -> static_check_lib.Rejection | None:
+def _check(task: task_lib.Task, source: str, tc: toolchain_lib.Toolchain,
+           arch: str) -> static_check_lib.Rejection | None:
+  """Steps 1-4 of the module docstring; the first rejection wins."""
   rejection = cuda_static_check.check_source(source)
   if rejection is not None:
     return rejection
-  if pool_lib.has_gpu():
-    runner_program()
+  pre = compile_lib.preprocess(shimmed_source(task, source)[0], tc, arch)
+  if pre.reason is not None:
+    return static_check_lib.Rejection(pre.reason, pre.feedback)
+  for text in (pre.host, pre.device):
+    rejection = cuda_static_check.check_preprocessed(text, tc.root, pre.log)
+    if rejection is not None:
+      return rejection
   compiled = build(task, source)
   if not compiled.ok:
     return None
-  return audit_lib.audit_library(compiled.library, source, ("solution", prototype_lib.ENTRY_SYMBOL))
+  return audit_lib.audit_library(compiled.library, pre.host, ("solution", prototype_lib.ENTRY_SYMBOL))
+
+
+def static_check(task: task_lib.Task, source: str) -> static_check_lib.Rejection | None:
+  """The parent-side check of a CUDA candidate (steps in the module docstring), failing closed: any
+  error while checking it is the candidate's `static_check_failed`; only a machine that cannot
+  isolate (`jail.IsolationUnavailable`) or has no toolchain is raised."""
+  if pool_lib.has_gpu():
+    runner_program()
+  tc, arch = toolchain_lib.find_toolchain(), toolchain_lib.target_arch()
+  try:
+    return _check(task, source, tc, arch)
+  except jail.IsolationUnavailable:
+    raise
+  except Exception as e:  # noqa: BLE001  (fail closed: a checker error is never a pass)
+    return static_check_lib.Rejection("static_check_failed", "the static check could not process this source "
+                                      f"({type(e).__name__}: {str(e)[:300]})")
 
 
 BACKEND = backends.Backend(lang="cuda", fence_tags=("cuda", "cu", "cpp", "c++", "c"), static_check=static_check,

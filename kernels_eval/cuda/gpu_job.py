@@ -1,21 +1,21 @@
 """Worker side of the CUDA backend: the runner `kernels_eval.cuda.gpu_job:run` (protocol: `backends`).
 
-Runs in a sandboxed child that imported JAX but never loads candidate code itself: the candidate
-library is loaded only by the harness program (`runner.cu`), a grandchild that inherits the sandbox
-(uid, rlimits, no network, process group). Steps:
+The candidate step of a CUDA job. It runs in a sandboxed child that imported JAX but never loads
+candidate code itself: the candidate library is loaded only by the harness program (`runner.cu`), a
+grandchild inside the same jail. The reference was computed (and timed) by the job's reference step,
+in another process. Steps:
 
-  1. reference outputs with JAX for every trial, before any candidate process exists (matmuls at
-     "highest" precision, so TF32 cannot blur the verdict);
-  2. stage compile: the library from the compile cache, which the parent filled while checking the
+  1. stage compile: the library from the compile cache, which the parent filled while checking the
      request (`backend.static_check`); the child only reads the cache, and compiles privately on a miss;
      then the symbol audit again;
-  3. no GPU: `not_run` (never `correct`);
-  4. stage correctness: per distinct check-dims entry one harness process runs `check`; outputs go to the
+  2. no GPU: `not_run` (never `correct`);
+  3. stage correctness: per distinct check-dims entry one harness process runs `check`; outputs go to the
      parent, which compares them with the reference. Harness findings end the run with an error:
      no kernel launched, a launch on another stream, a modified input, trial 0 not reproducible;
-  5. stage timing (stages="full"): interleaved rounds at the timing dims, harness `time` (CUDA events,
-     L2 flush, device-wide sync, rotating inputs) against the jitted reference; the last timed output
-     is re-checked; a flag for beating the memory roofline (the core flags > 10x speedups).
+  4. stage timing (stages="full"): rounds of harness `time` at the timing dims (CUDA events, L2 flush,
+     device-wide sync, rotating inputs, the last timed call on the first set), whose output goes to the
+     parent to be compared with the reference; a flag for beating the memory roofline (the core flags
+     speedups above 10x).
 """
 from __future__ import annotations
 
@@ -25,11 +25,9 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
-from kernels_eval import compare as compare_lib
 from kernels_eval import reference_runner
-from kernels_eval import sandbox
 from kernels_eval import task as task_lib
 from kernels_eval.cuda import audit as audit_lib
 from kernels_eval.cuda import compile as compile_lib
@@ -38,7 +36,6 @@ from kernels_eval.cuda import session as session_lib
 from kernels_eval.cuda import toolchain as toolchain_lib
 from kernels_eval.cuda import verdict as verdict_lib
 
-L2_FLUSH_BYTES = 256 << 20
 TIMING_ROUNDS, TIMING_REPS, TIMING_WARMUP = 3, 20, 3
 CHECK_TIMEOUT_S = float(os.environ.get("KERNELS_EVAL_CUDA_CHECK_TIMEOUT_S", "60"))  # per harness `check`
 TIME_TIMEOUT_S = 120.0
@@ -68,21 +65,6 @@ def _gpu_visible() -> bool:
     return False
 
 
-def _time_reference(fn: Callable[..., Any], sets: list[list[jax.Array]], reps: int, warmup: int) -> list[float]:
-  """Wall time (ms) of each jitted reference call, after an L2 flush and a device-wide sync."""
-  flush = jnp.zeros((L2_FLUSH_BYTES // 4,), jnp.float32)
-  bump = jax.jit(lambda x: x + 1.0)
-  for i in range(warmup):
-    jax.block_until_ready(fn(*sets[i % len(sets)]))
-  out = []
-  for i in range(reps):
-    flush = jax.block_until_ready(bump(flush))
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*sets[i % len(sets)]))
-    out.append((time.perf_counter() - start) * 1e3)
-  return out
-
-
 def _failure(emit, stage: str, e: session_lib.RunnerFailure, dims: dict[str, int]) -> None:
   sizes = ", ".join(f"{k}={v}" for k, v in dims.items())
   if e.kind == "no_device":
@@ -92,73 +74,56 @@ def _failure(emit, stage: str, e: session_lib.RunnerFailure, dims: dict[str, int
     return
   if e.kind == "timeout":
     status = "timeout"
-  elif e.kind in ("cuda_error", "crash", "sanitizer"):
-    status = "runtime_error"
   else:
-    emit({"kind": "reference_error", "feedback": f"CUDA harness failed: {e.message}"})
-    return
+    status = "runtime_error"
   msg = {"kind": "error", "stage": stage, "status": status, "feedback": f"{e.kind} ({sizes}): {e.message}"}
   if e.kind == "sanitizer":
     msg["rejected_reason"] = "memory_error"
   emit(msg)
 
 
-def run(payload: dict[str, Any], emit: Callable[[dict[str, Any]], None], tmpdir: str) -> None:
-  durations: dict[str, float] = {}
-  on_gpu = _gpu_visible()
-  emit({"kind": "env", "platform": "gpu" if on_gpu else "cpu"})
-  trials = payload["trials"]
-  t0 = time.monotonic()
-  try:
-    with jax.default_matmul_precision("highest"):
-      ref_fn = jax.jit(reference_runner.load_reference(payload["task"]))
-      references = reference_runner.compute(ref_fn, trials)
-  except Exception as e:  # noqa: BLE001  (any failure of the reference is the task's)
-    emit({"kind": "reference_error", "feedback": sandbox.format_exception(e)})
-    return
-  emit({"kind": "reference", "outputs": references})
-  durations["reference"] = time.monotonic() - t0
+def _out_struct(payload: dict[str, Any], inputs: list[np.ndarray]) -> tuple[tuple[int, ...], np.dtype]:
+  """The output's shape and dtype, from the reference traced abstractly (its values come from the
+  job's reference step; nothing is computed here)."""
+  fn = reference_runner.load_reference(payload["task"])
+  out = jax.eval_shape(fn, *[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs])
+  return tuple(out.shape), np.dtype(out.dtype)
 
-  emit({"kind": "stage", "stage": "compile"})
-  t0 = time.monotonic()
-  sig = signature(payload)
+
+def _timing_reps(n_sets: int) -> int:
+  """About TIMING_REPS calls such that the last one (whose output is re-checked) uses the first set."""
+  return n_sets * ((TIMING_REPS - 1) // n_sets) + 1
+
+
+def _compile(payload: dict[str, Any], sig: prototype_lib.CudaSignature, tc, tmpdir: str, emit) -> str | None:
+  """The audited library (from the cache, or compiled privately); None after an error frame."""
   source = payload["source"]
-  tc = toolchain_lib.find_toolchain()
   compiled = compile_lib.compile_source(source + sig.entry_shim(), toolchain_lib.target_arch(), tc,
                                         prototype=sig.prototype(), private_dir=tmpdir)
   if not compiled.ok:
     emit({"kind": "error", "stage": "compile", "status": "compile_error", "feedback": compiled.feedback})
-    return
+    return None
   rejection = audit_lib.audit_library(compiled.library, source, ("solution", prototype_lib.ENTRY_SYMBOL))
   if rejection is not None:
     emit({"kind": "error", "stage": "compile", "status": "compile_error", "rejected_reason": rejection.reason,
           "feedback": rejection.feedback()})
-    return
-  durations["compile"] = time.monotonic() - t0
-  if payload["stages"] == "compile":
-    emit({"kind": "done", "durations": durations})
-    return
-  if not on_gpu:
-    emit({"kind": "not_run", "stage": "compile", "feedback": "not_run: no GPU. The source passed the static "
-          f"checks, compiled with nvcc {tc.version} and passed the symbol audit; correctness was not checked."})
-    emit({"kind": "done", "durations": durations})
-    return
+    return None
+  return compiled.library
 
-  emit({"kind": "stage", "stage": "correctness"})
-  t0 = time.monotonic()
-  runner = compile_lib.build_runner(tc, private_dir=tmpdir)
-  sanitizer = session_lib.sanitizer_path(tc.root) if os.environ.get(SANITIZER_ENV) == "1" else None
+
+def _check(payload, sig, runner, library, sanitizer, emit) -> bool:
+  trials = payload["trials"]
   tol = payload.get("tolerance") or task_lib.DEFAULT_TOLERANCE[sig.output_dtype]
   for ids in dims_groups(payload["trial_dims"]):
     dims = payload["trial_dims"][ids[0]]
-    ref = references[ids[0]]
-    session = session_lib.RunnerSession(runner, compiled.library, [trials[t] for t in ids], ref.shape,
-                                        ref.dtype, [dims[d] for d in sig.dim_names], sanitizer=sanitizer)
+    shape, dtype = _out_struct(payload, trials[ids[0]])
+    session = session_lib.RunnerSession(runner, library, [trials[t] for t in ids], shape, dtype,
+                                        [dims[d] for d in sig.dim_names], sanitizer=sanitizer)
     try:
       reply = session.check(timeout_s=CHECK_TIMEOUT_S)
     except session_lib.RunnerFailure as e:
       _failure(emit, "correctness", e, dims)
-      return
+      return False
     finally:
       session.close()
     problem = verdict_lib.harness_findings(reply.launches, reply.foreign_streams,
@@ -168,40 +133,70 @@ def run(payload: dict[str, Any], emit: Callable[[dict[str, Any]], None], tmpdir:
     if problem is not None:
       emit({"kind": "error", "stage": "correctness", "status": "wrong_output", "rejected_reason": problem[0],
             "feedback": problem[1]})
-      return
+      return False
     for t, out in zip(ids, reply.outputs):
       emit({"kind": "output", "trial": t, "output": out})
-  durations["correctness"] = time.monotonic() - t0
+  return True
 
+
+def _time(payload, sig, runner, library, emit) -> bool:
+  sets, dims = payload["timing_trials"], payload["timing_dims"]
+  shape, dtype = _out_struct(payload, sets[0])
+  session = session_lib.RunnerSession(runner, library, sets, shape, dtype, [dims[d] for d in sig.dim_names])
+  kernel_ms: list[float] = []
+  try:
+    for _ in range(TIMING_ROUNDS):
+      reply = session.time(_timing_reps(len(sets)), TIMING_WARMUP, TIME_TIMEOUT_S)
+      kernel_ms += reply.ms
+  except session_lib.RunnerFailure as e:
+    _failure(emit, "timing", e, dims)
+    return False
+  finally:
+    session.close()
+  if reply.timed_set != 0:
+    emit({"kind": "error", "stage": "timing", "status": "runtime_error",
+          "feedback": f"the harness timed set {reply.timed_set} last, not set 0"})
+    return False
+  k = statistics.median(kernel_ms)
+  out_bytes = reply.timed_output.nbytes
+  bound = verdict_lib.roofline_ms(sum(x.nbytes for x in sets[0]), out_bytes)
+  emit({"kind": "timing_output", "output": reply.timed_output})
+  emit({"kind": "timing", "kernel_ms": k, "flags": verdict_lib.roofline_flags(k, bound),
+        "samples": {"kernel_ms": kernel_ms}})
+  return True
+
+
+def run(payload: dict[str, Any], emit: Callable[[dict[str, Any]], None], tmpdir: str) -> None:
+  durations: dict[str, float] = {}
+  on_gpu = _gpu_visible()
+  emit({"kind": "env", "platform": "gpu" if on_gpu else "cpu"})
+  emit({"kind": "stage", "stage": "compile"})
+  t0 = time.monotonic()
+  sig = signature(payload)
+  tc = toolchain_lib.find_toolchain()
+  library = _compile(payload, sig, tc, tmpdir, emit)
+  if library is None:
+    return
+  durations["compile"] = time.monotonic() - t0
+  if payload["stages"] == "compile":
+    emit({"kind": "done", "durations": durations})
+    return
+  if not on_gpu:
+    emit({"kind": "not_run", "feedback": "not_run: no GPU. The source passed the static checks, compiled with "
+          f"nvcc {tc.version} and passed the symbol audit; correctness was not checked."})
+    emit({"kind": "done", "durations": durations})
+    return
+  emit({"kind": "stage", "stage": "correctness"})
+  t0 = time.monotonic()
+  runner = compile_lib.build_runner(tc, private_dir=tmpdir)
+  sanitizer = session_lib.sanitizer_path(tc.root) if os.environ.get(SANITIZER_ENV) == "1" else None
+  if not _check(payload, sig, runner, library, sanitizer, emit):
+    return
+  durations["correctness"] = time.monotonic() - t0
   if payload["stages"] == "full" and payload.get("timing_trials") and not sanitizer:
     emit({"kind": "stage", "stage": "timing"})
     t0 = time.monotonic()
-    sets, dims = payload["timing_trials"], payload["timing_dims"]
-    with jax.default_matmul_precision("highest"):
-      set_refs = reference_runner.compute(ref_fn, sets)
-      device_sets = [[jnp.asarray(x) for x in inputs] for inputs in sets]
-      session = session_lib.RunnerSession(runner, compiled.library, sets, set_refs[0].shape, set_refs[0].dtype,
-                                          [dims[d] for d in sig.dim_names])
-      kernel_ms: list[float] = []
-      reference_ms: list[float] = []
-      try:
-        for _ in range(TIMING_ROUNDS):
-          reply = session.time(TIMING_REPS, TIMING_WARMUP, TIME_TIMEOUT_S)
-          kernel_ms += reply.ms
-          reference_ms += _time_reference(ref_fn, device_sets, TIMING_REPS, TIMING_WARMUP)
-      except session_lib.RunnerFailure as e:
-        _failure(emit, "timing", e, dims)
-        return
-      finally:
-        session.close()
-    recheck = compare_lib.compare(reply.timed_output, set_refs[reply.timed_set], tol["atol"], tol["rtol"])
-    if not recheck.ok:
-      emit({"kind": "error", "stage": "timing", "status": "wrong_output", "rejected_reason": "timed_output_mismatch",
-            "feedback": f"the output of a timed call is wrong (results must not be cached): {recheck.message}"})
+    if not _time(payload, sig, runner, library, emit):
       return
-    k, r = statistics.median(kernel_ms), statistics.median(reference_ms)
-    bound = verdict_lib.roofline_ms(sum(x.nbytes for x in sets[0]), set_refs[0].nbytes)
-    emit({"kind": "timing", "kernel_ms": k, "reference_ms": r, "flags": verdict_lib.roofline_flags(k, bound),
-          "samples": {"kernel_ms": kernel_ms, "reference_ms": reference_ms}})
     durations["timing"] = time.monotonic() - t0
   emit({"kind": "done", "durations": durations})

@@ -60,12 +60,14 @@ class Toolchain:
     """Hash that changes whenever a different compiler would be used (a compile-cache key part)."""
     return hashlib.sha256(f"{self.origin}|{self.nvcc}|{self.version}".encode()).hexdigest()[:16]
 
-  def env(self) -> dict[str, str]:
-    """Environment for running nvcc: the toolkit's `bin` first on PATH, CUDA_HOME set to it."""
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(pathlib.Path(self.nvcc).parent), env.get("PATH", "")])
-    env["CUDA_HOME"] = self.root
-    return env
+  def env(self, job_dir: str) -> dict[str, str]:
+    """The whole environment nvcc runs with; nothing is inherited from the calling process.
+
+    PATH: the toolkit's `bin`, then /usr/bin:/bin (the host compiler). HOME and TMPDIR: `job_dir`, the
+    only writable folder. LANG=C (plain ASCII diagnostics). CUDA_HOME: the toolkit root.
+    """
+    return {"PATH": f"{pathlib.Path(self.nvcc).parent}:/usr/bin:/bin", "HOME": job_dir, "TMPDIR": job_dir,
+            "LANG": "C", "CUDA_HOME": self.root}
 
   def describe(self) -> dict[str, str]:
     return {"nvcc": self.nvcc, "origin": self.origin, "nvcc_version": self.version}

@@ -12,7 +12,8 @@ Each case names the stage that must catch it and the verdict expected there:
   needs_gpu the catching stage runs only on a GPU host (CUDA correctness, sanitizer)
   status / reason / flag   the expected `EvalResult.status`, `rejected_reason` (None: none required)
             and a flag that must be present (None: none required); `result_stage`, when set, the
-            expected `EvalResult.stage`.
+            expected `EvalResult.stage`; `feedback_has`, when set, a phrase the feedback must contain
+            (an escaped case that raises for another reason than "blocked" proves nothing).
 
 A case that needs a GPU counts on a CPU host only if it passed every earlier stage (status `not_run`
 at stage `compile`, no rejected_reason): it must not be stopped early for the wrong reason, and it must
@@ -41,6 +42,7 @@ class Case:
   result_stage: str | None = None
   task_source: str | None = None
   timeout_s: float | None = None
+  feedback_has: str | None = None
 
   def __post_init__(self):
     if self.stage not in CASE_STAGES:

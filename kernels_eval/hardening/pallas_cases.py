@@ -129,4 +129,64 @@ def _copy_kernel(x_ref, o_ref):
          "no_pallas_call"),
     Case("triton_illegal_block", _HEAD.replace("BLOCK = 256", "BLOCK = 100") + _KERNEL + _solution(),
          "compile_error", "lower"),
+    Case("saturating_cast_outside_kernel", _HEAD + '''
+
+def _scale_kernel(x_ref, o_ref):
+  o_ref[...] = x_ref[...] * 65536.0
+
+
+def _unscale_kernel(x_ref, o_ref):
+  o_ref[...] = x_ref[...] / 65536.0
+''' + _solution(kernel="_scale_kernel").replace("  return out\n", "  out = out.astype(jnp.uint32).astype(jnp.float32)\n"
+    "  return pl.pallas_call(_unscale_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(out)\n"),
+         "compile_error", "compile", "compute_outside_kernel"),
+    Case("constant_state_operand", _HEAD + '''
+
+def _flag_kernel(x_ref, f_ref, o_ref):
+  o_ref[...] = jnp.maximum(x_ref[...], 0.0) + 0.0 * f_ref[0]
+  f_ref[0] = 1.0
+
+
+def solution(x):
+  flags = jnp.zeros((8,), jnp.float32)
+  return pl.pallas_call(_flag_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, flags)
+''', "compile_error", "compile", "constant_kernel_operand"),
+)
+
+SCALAR_TASK_SOURCE = '''"""Sum of a vector: a 0-d output, as every loss has (hardening target)."""
+import jax
+import jax.numpy as jnp
+
+ID = "hardening_sum"
+LEVEL = 1
+SPLIT = "train"
+FAMILY = "reduction"
+STATEMENT = "Compute out = sum_i x[i] (a scalar)."
+DIMS = {"check": [{"N": 1000}, {"N": 256}], "timing": {"N": 65536}}
+INPUTS = [{"name": "x", "shape": ["N"], "dtype": "float32", "dist": {"kind": "normal"}}]
+
+
+def reference(x):
+  return jnp.sum(x)
+'''
+
+_SCALAR = "import functools\n" + _HEAD + '''from jax.experimental.pallas import triton as plt
+
+
+def _sum_kernel(x_ref, o_ref, *, n):
+  mask = jnp.arange(x_ref.shape[0]) < n
+  o_ref[...] = jnp.sum(plt.load(x_ref, mask=mask, other=0.0) * SCALE, keepdims=True)
+
+
+def solution(x):
+  n = x.shape[0]
+  return pl.pallas_call(functools.partial(_sum_kernel, n=n), out_shape=jax.ShapeDtypeStruct((1,), x.dtype),
+                        grid=(1,), in_specs=[pl.BlockSpec((pl.next_power_of_2(n),), lambda i: (0,))],
+                        out_specs=pl.BlockSpec((1,), lambda i: (0,)))(x).reshape(())
+'''
+
+# Cases on SCALAR_TASK_SOURCE: a wrong answer to a 0-d output is `wrong_output`, never an evaluator error.
+SCALAR_CASES = (
+    Case("scalar_output_correct", _SCALAR.replace("SCALE", "1.0"), "correct", "correctness"),
+    Case("scalar_output_wrong", _SCALAR.replace("SCALE", "2.0"), "wrong_output", "correctness"),
 )

@@ -1,26 +1,28 @@
-"""Worker-side Pallas runner (imports JAX; only ever loaded inside a worker).
+"""Worker-side Pallas runner: the candidate step of a job (imports JAX; only ever loaded inside a worker).
 
-Inside one sandboxed child, in this order:
-  1. the task's reference on every trial's inputs, sent to the parent before any candidate code loads;
-  2. `lock_down`, then the candidate executed in a namespace whose imports are views of the allowed
-     modules; its `pl.pallas_call` is wrapped so the harness chooses the mode: `interpret=True` for CPU
-     runs, `compiler_params=pallas.triton.CompilerParams(...)` (the Triton lowering) otherwise;
-  3. stage compile: trace to a jaxpr and check its structure (`structure.check_jaxpr`);
-  4. stage lower: `jax.jit(solution).trace(*args).lower(lowering_platforms=("cuda",))` for every
-     distinct check shape, with the Triton lowering (runs on CPU with the CUDA plugin installed);
-  5. stage correctness: one output per trial, sent to the parent, which compares (the child never sees
-     a verdict); interpret mode on CPU, compiled Triton kernels on a GPU;
-  6. stage timing (GPU, stages="full" only): the structure check also at the timing sizes, the first
-     timed output sent for the parent to compare with the reference (computed in step 1), then median
-     kernel and reference times, interleaved, with inputs rotated across the sets. Interpret mode is
-     never timed.
+Inside one sandboxed child (the reference was computed by another), in this order:
+  1. `lock_down`, then the candidate executed in a namespace whose imports are views of the allowed
+     modules; its `pl.pallas_call` is wrapped so that every kernel gets the Triton lowering
+     (`compiler_params=pallas.triton.CompilerParams(...)`) and no harness option;
+  2. stage compile: `jax.jit(solution).trace(*shapes)` once per distinct input shape — the only time any
+     candidate Python runs — and the structure check of that very jaxpr (`structure.check_jaxpr`);
+  3. stage lower: that traced computation lowered for CUDA (Triton), which runs on CPU with the CUDA plugin;
+  4. stage correctness: the same traced computation compiled and called for every trial; on CPU its
+     pallas_calls are switched to the Pallas interpreter in the jaxpr itself (`structure.interpreted`), on a
+     GPU the Triton lowering of step 3 is compiled. One output per trial goes to the parent, which compares
+     (the child never sees a verdict);
+  5. stage timing (GPU, stages="full" only): the computation traced, checked and compiled at the timing
+     sizes, the output of its first timed call on the first timing set sent for the parent to compare,
+     then the median kernel time (`timing.median_ms`: device-synchronised, L2 flushed, inputs rotated).
+     The reference's time comes from the reference step, timed the same way.
+A candidate that behaves differently from one trace to the next gains nothing: there is one trace per
+shape, and what it produced is exactly what is checked, lowered and run.
 """
 from __future__ import annotations
 
 import builtins
 import functools
 import math
-import statistics
 import time
 import types
 from typing import Any, Callable
@@ -32,44 +34,34 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from kernels_eval import reference_runner
+import jax.extend.core as jex_core
+
 from kernels_eval import sandbox
 from kernels_eval import static_check
+from kernels_eval import timing
 from kernels_eval.pallas import structure
 
-TIMING_WARMUP = 3
-TIMING_REPS = 20
-_REMOVED_BUILTINS = static_check.FORBIDDEN_NAMES | {"__import__"}
-_HIDDEN_MODULES = ("jax.version", "jax.interpreters", "jax.extend", "jax.experimental.compilation_cache")
-
-
-class _Mode:
-  """Which pallas_call lowering the wrapped `pallas_call` selects: 'interpret' or 'triton'."""
-
-  def __init__(self):
-    self.value = "interpret"
-
-
 class _ModuleView(types.ModuleType):
-  """Read-only view of a module with some attributes replaced and no private names.
+  """Read-only view of a module that offers exactly its allowlist (`static_check.MODULE_ATTRIBUTES`).
 
-  Submodules are returned as views too, and modules outside JAX (e.g. `jax.version.os`) not at all, so
-  no attribute chain leads from an allowed import to `os`, `sys` or `subprocess`.
+  Allowed submodules are views too, so no attribute chain leads from an import to `os`, `sys`,
+  callbacks or the harness's own modules, whatever the static check missed.
   """
 
   def __init__(self, real: types.ModuleType, overrides: dict[str, Any] | None = None):
     super().__init__(real.__name__)
     object.__setattr__(self, "_real", real)
     object.__setattr__(self, "_overrides", overrides or {})
+    object.__setattr__(self, "_allowed", static_check.MODULE_ATTRIBUTES.get(real.__name__, frozenset()))
 
   def __getattr__(self, name: str) -> Any:
     if name in self._overrides:
       return self._overrides[name]
-    if name.startswith("_") or name in static_check.FORBIDDEN_ATTRS:
-      raise AttributeError(name)
+    if name not in self._allowed:
+      raise AttributeError(f"{self._real.__name__}.{name} is not available to kernel code")
     value = getattr(self._real, name)
     if isinstance(value, types.ModuleType):
-      if not value.__name__.startswith("jax.") or value.__name__.startswith(_HIDDEN_MODULES):
+      if value.__name__ not in static_check.MODULE_ATTRIBUTES:
         raise AttributeError(f"{self._real.__name__}.{name} is not available to kernel code")
       return _ModuleView(value)
     return value
@@ -78,36 +70,33 @@ class _ModuleView(types.ModuleType):
     raise AttributeError(f"module {self._real.__name__} is read-only")
 
 
-def _wrapped_pallas_call(mode: _Mode) -> Callable[..., Any]:
-  def pallas_call(kernel, *args, **kwargs):
-    for name in static_check.HARNESS_KWARGS:
-      if name in kwargs:
-        raise ValueError(f"do not pass `{name}=` to pallas_call: the harness selects the backend")
-    params = kwargs.get("compiler_params")
-    if params is not None and not isinstance(params, pl_triton.CompilerParams):
-      raise ValueError("compiler_params must be jax.experimental.pallas.triton.CompilerParams(...)")
-    if mode.value == "interpret":
-      kwargs["interpret"] = True
-    elif params is None:
-      kwargs["compiler_params"] = pl_triton.CompilerParams()
-    return pl.pallas_call(kernel, *args, **kwargs)
-  return pallas_call
+def _pallas_call(kernel, *args, **kwargs):
+  """`pl.pallas_call` as candidates see it: always the Triton lowering, never a harness option."""
+  for name in static_check.HARNESS_KWARGS:
+    if name in kwargs:
+      raise ValueError(f"do not pass `{name}=` to pallas_call: the harness selects the backend")
+  params = kwargs.get("compiler_params")
+  if params is not None and not isinstance(params, pl_triton.CompilerParams):
+    raise ValueError("compiler_params must be jax.experimental.pallas.triton.CompilerParams(...)")
+  if params is None:
+    kwargs["compiler_params"] = pl_triton.CompilerParams()
+  return pl.pallas_call(kernel, *args, **kwargs)
 
 
-def _modules(mode: _Mode) -> dict[str, types.ModuleType]:
+def _modules() -> dict[str, types.ModuleType]:
   triton_view = _ModuleView(pl_triton)
-  pallas_view = _ModuleView(pl, {"pallas_call": _wrapped_pallas_call(mode), "triton": triton_view})
+  pallas_view = _ModuleView(pl, {"pallas_call": _pallas_call, "triton": triton_view})
   experimental_view = _ModuleView(jax.experimental, {"pallas": pallas_view})
   numpy_view, lax_view = _ModuleView(jnp), _ModuleView(lax)
   jax_view = _ModuleView(jax, {"experimental": experimental_view, "numpy": numpy_view, "lax": lax_view})
   return {"jax": jax_view, "jax.numpy": numpy_view, "jax.lax": lax_view, "jax.experimental": experimental_view,
           "jax.experimental.pallas": pallas_view, "jax.experimental.pallas.triton": triton_view,
-          "functools": functools, "math": math}
+          "functools": _ModuleView(functools), "math": _ModuleView(math)}
 
 
-def load_candidate(source: str, mode: _Mode) -> Callable[..., Any]:
+def load_candidate(source: str) -> Callable[..., Any]:
   """Executes the candidate in a fresh namespace and returns its `solution`."""
-  modules = _modules(mode)
+  modules = _modules()
 
   def guarded_import(name, globals_=None, locals_=None, fromlist=(), level=0):
     if isinstance(fromlist, list) and fromlist in ([], ["__doc__"]) and not level:
@@ -119,7 +108,7 @@ def load_candidate(source: str, mode: _Mode) -> Callable[..., Any]:
     del globals_, locals_
     return modules[name] if fromlist else modules[name.split(".")[0]]
 
-  safe_builtins = {k: v for k, v in vars(builtins).items() if k not in _REMOVED_BUILTINS}
+  safe_builtins = {k: v for k, v in vars(builtins).items() if k in static_check.ALLOWED_BUILTINS}
   safe_builtins["__import__"] = guarded_import
   namespace = {"__builtins__": safe_builtins, "__name__": "solution"}
   exec(compile(source, "solution.py", "exec"), namespace)  # pylint: disable=exec-used
@@ -143,116 +132,127 @@ def _trim_error(e: BaseException, source: str) -> str:
   return ("\n".join(lines) + ("\n" + where if where else "")).strip()
 
 
-def _structs(trials: list[list[np.ndarray]]) -> list[list[jax.ShapeDtypeStruct]]:
-  seen, out = set(), []
-  for inputs in trials:
-    key = tuple((x.shape, x.dtype.name) for x in inputs)
-    if key not in seen:
-      seen.add(key)
-      out.append([jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs])
-  return out
+def _shape_key(inputs: list[np.ndarray]) -> tuple:
+  return tuple((x.shape, x.dtype.name) for x in inputs)
 
 
-def _median_ms(fn: Callable[..., Any], args_sets: list[list[jax.Array]], ref: Callable[..., Any]) -> tuple[
-    float, float]:
-  for args in args_sets[:TIMING_WARMUP]:
-    jax.block_until_ready(fn(*args))
-    jax.block_until_ready(ref(*args))
-  kernel_ms, ref_ms = [], []
-  for rep in range(TIMING_REPS):
-    args = args_sets[rep % len(args_sets)]
-    for f, acc in ((fn, kernel_ms), (ref, ref_ms)) if rep % 2 == 0 else ((ref, ref_ms), (fn, kernel_ms)):
-      t0 = time.perf_counter()
-      jax.block_until_ready(f(*args))
-      acc.append((time.perf_counter() - t0) * 1e3)
-  return statistics.median(kernel_ms), statistics.median(ref_ms)
+def _error(emit, stage: str, status: str, feedback: str, reason: str | None = None) -> None:
+  msg = {"kind": "error", "stage": stage, "status": status, "feedback": feedback}
+  if reason:
+    msg["rejected_reason"] = reason
+  emit(msg)
+
+
+def _shapes_text(traced) -> str:
+  return ", ".join(f"{list(v.aval.shape)}" for v in traced.jaxpr.jaxpr.invars)
+
+
+def trace_and_check(fn: Callable[..., Any], input_sets: list[list[np.ndarray]], source: str,
+                    emit) -> dict[tuple, Any] | None:
+  """One `jax.jit(fn).trace` per distinct input shape, each structure-checked; None after an error frame."""
+  traced = {}
+  for inputs in input_sets:
+    key = _shape_key(inputs)
+    if key in traced:
+      continue
+    try:
+      traced[key] = jax.jit(fn).trace(*[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs])
+    except Exception as e:  # noqa: BLE001
+      _error(emit, "compile", "compile_error", _trim_error(e, source))
+      return None
+    problem = structure.check_jaxpr(traced[key].jaxpr)
+    if problem is not None:
+      _error(emit, "compile", "compile_error", f"{problem[1]} (input shapes {_shapes_text(traced[key])})",
+             problem[0])
+      return None
+  return traced
+
+
+def _executable(traced, on_gpu: bool):
+  """The traced computation compiled: its Triton lowering on a GPU, the Pallas interpreter on CPU."""
+  if on_gpu:
+    return traced.lower().compile()
+  closed = structure.interpreted(traced.jaxpr)
+  structs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
+  compiled = jax.jit(jex_core.jaxpr_as_fun(closed)).trace(*structs).lower().compile()
+  return lambda *args: compiled(*args)[0]
+
+
+def _lower_for_triton(traced: dict[tuple, Any], source: str, emit) -> bool:
+  for t in traced.values():
+    try:
+      t.lower(lowering_platforms=("cuda",))
+    except Exception as e:  # noqa: BLE001
+      _error(emit, "lower", "compile_error", f"Triton lowering failed for input shapes {_shapes_text(t)}:\n"
+             f"{_trim_error(e, source)}")
+      return False
+  return True
+
+
+def _correctness(traced: dict[tuple, Any], trials: list, on_gpu: bool, source: str, emit) -> bool:
+  executables = {}
+  for t, inputs in enumerate(trials):
+    key = _shape_key(inputs)
+    try:
+      if key not in executables:
+        executables[key] = _executable(traced[key], on_gpu)
+      out = np.asarray(jax.block_until_ready(executables[key](*[jnp.asarray(x) for x in inputs])))
+    except Exception as e:  # noqa: BLE001
+      _error(emit, "correctness", "runtime_error", f"trial {t + 1} of {len(trials)} raised:\n{_trim_error(e, source)}")
+      return False
+    emit({"kind": "output", "trial": t, "output": out})
+  return True
+
+
+def _timed(fn: Callable[..., Any], timing_sets: list, source: str, emit) -> bool:
+  traced = trace_and_check(fn, timing_sets[:1], source, emit)
+  if traced is None:
+    return False
+  try:
+    run = _executable(next(iter(traced.values())), on_gpu=True)
+    device_sets = [[jnp.asarray(x) for x in inputs] for inputs in timing_sets]
+    emit({"kind": "timing_output", "output": np.asarray(jax.block_until_ready(run(*device_sets[0])))})
+    kernel_ms = timing.median_ms(run, device_sets)
+  except Exception as e:  # noqa: BLE001
+    _error(emit, "timing", "runtime_error", f"at the timing sizes:\n{_trim_error(e, source)}")
+    return False
+  emit({"kind": "timing", "kernel_ms": kernel_ms, "flags": []})
+  return True
 
 
 def run(payload: dict[str, Any], emit: Callable[[dict[str, Any]], None], tmpdir: str) -> None:
   durations: dict[str, float] = {}
-  platform = jax.default_backend()
-  emit({"kind": "env", "platform": platform})
+  on_gpu = jax.default_backend() == "gpu"
+  emit({"kind": "env", "platform": "gpu" if on_gpu else "cpu"})
   trials = payload["trials"]
-  t0 = time.monotonic()
-  try:
-    ref_fn = reference_runner.load_reference(payload["task"])
-    emit({"kind": "reference", "outputs": reference_runner.compute(ref_fn, trials)})
-    timing_sets = payload.get("timing_trials") if platform == "gpu" and payload["stages"] == "full" else None
-    if timing_sets:
-      emit({"kind": "timing_reference", "output": reference_runner.compute(ref_fn, timing_sets[:1])[0]})
-  except Exception as e:  # noqa: BLE001
-    emit({"kind": "reference_error", "feedback": sandbox.format_exception(e)})
-    return
-  durations["reference"] = time.monotonic() - t0
-
+  timing_sets = payload.get("timing_trials") if on_gpu and payload["stages"] == "full" else None
   sandbox.lock_down(tmpdir)
-  mode = _Mode()
   emit({"kind": "stage", "stage": "compile"})
   t0 = time.monotonic()
   try:
-    fn = load_candidate(payload["source"], mode)
-    structs = _structs(trials)
-    checked = structs + (_structs(timing_sets[:1]) if timing_sets else [])
-    closed = [jax.make_jaxpr(fn)(*args) for args in checked]
+    fn = load_candidate(payload["source"])
   except Exception as e:  # noqa: BLE001
-    emit({"kind": "error", "stage": "compile", "status": "compile_error",
-          "feedback": _trim_error(e, payload["source"])})
+    _error(emit, "compile", "compile_error", _trim_error(e, payload["source"]))
     return
-  for args, jaxpr in zip(checked, closed):
-    problem = structure.check_jaxpr(jaxpr)
-    if problem is not None:
-      shapes = ", ".join(f"{list(a.shape)}" for a in args)
-      emit({"kind": "error", "stage": "compile", "status": "compile_error", "rejected_reason": problem[0],
-            "feedback": f"{problem[1]} (input shapes {shapes})"})
-      return
+  traced = trace_and_check(fn, trials, payload["source"], emit)
+  if traced is None:
+    return
   durations["compile"] = time.monotonic() - t0
-
   emit({"kind": "stage", "stage": "lower"})
   t0 = time.monotonic()
-  mode.value = "triton"
-  jax.clear_caches()
-  for args in structs:
-    try:
-      jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
-    except Exception as e:  # noqa: BLE001
-      shapes = ", ".join(f"{list(a.shape)}" for a in args)
-      emit({"kind": "error", "stage": "lower", "status": "compile_error",
-            "feedback": f"Triton lowering failed for input shapes {shapes}:\n{_trim_error(e, payload['source'])}"})
-      return
-  durations["lower"] = time.monotonic() - t0
-  if payload["stages"] == "compile":
-    emit({"kind": "done", "durations": durations})
+  if not _lower_for_triton(traced, payload["source"], emit):
     return
-
-  emit({"kind": "stage", "stage": "correctness"})
-  t0 = time.monotonic()
-  on_gpu = platform == "gpu"
-  mode.value = "triton" if on_gpu else "interpret"
-  jax.clear_caches()
-  jitted = jax.jit(fn)
-  for t, inputs in enumerate(trials):
-    try:
-      args = [jnp.asarray(x) for x in inputs]
-      out = np.asarray(jax.block_until_ready(jitted(*args)))
-    except Exception as e:  # noqa: BLE001
-      emit({"kind": "error", "stage": "correctness", "status": "runtime_error", "trial": t,
-            "feedback": f"trial {t + 1} of {len(trials)} raised:\n{_trim_error(e, payload['source'])}"})
-      return
-    emit({"kind": "output", "trial": t, "output": out})
-  durations["correctness"] = time.monotonic() - t0
-
-  if timing_sets:
-    emit({"kind": "stage", "stage": "timing"})
+  durations["lower"] = time.monotonic() - t0
+  if payload["stages"] != "compile":
+    emit({"kind": "stage", "stage": "correctness"})
     t0 = time.monotonic()
-    device_sets = [[jnp.asarray(x) for x in inputs] for inputs in timing_sets]
-    timed = jax.jit(fn)
-    try:
-      emit({"kind": "timing_output", "output": np.asarray(jax.block_until_ready(timed(*device_sets[0])))})
-      kernel_ms, ref_ms = _median_ms(timed, device_sets, jax.jit(ref_fn))
-    except Exception as e:  # noqa: BLE001
-      emit({"kind": "error", "stage": "timing", "status": "runtime_error",
-            "feedback": f"at the timing sizes:\n{_trim_error(e, payload['source'])}"})
+    if not _correctness(traced, trials, on_gpu, payload["source"], emit):
       return
-    emit({"kind": "timing", "kernel_ms": kernel_ms, "reference_ms": ref_ms})
-    durations["timing"] = time.monotonic() - t0
+    durations["correctness"] = time.monotonic() - t0
+    if timing_sets:
+      emit({"kind": "stage", "stage": "timing"})
+      t0 = time.monotonic()
+      if not _timed(fn, timing_sets, payload["source"], emit):
+        return
+      durations["timing"] = time.monotonic() - t0
   emit({"kind": "done", "durations": durations})

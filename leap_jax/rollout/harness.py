@@ -114,7 +114,7 @@ class RolloutBatch:
     generated: bool[P,G,T] the turn was sampled.
     success: bool[P,G,T] status `correct`.
     status: int32[P,G,T] code into STATUS_NAMES, NOT_GENERATED (-1) where no turn.
-    speedup: float32[P,G,T], NaN where not timed.
+    speedup: float32[P,G,T], NaN where not timed or where the evaluator flagged it `suspicious_speedup`.
     truncated: bool[P,G,T].
     valid: bool[P,G] no infrastructure error after retries and (with truncated_as="invalid") no truncation.
     active: bool[P] groups allowed past turn 1 by the keep rule.
@@ -316,7 +316,7 @@ class Rollout:
     out.results[(p, g, t)] = result
     out.success[p, g, t] = result.success
     out.status[p, g, t] = schema.STATUS_CODE[result.status]
-    if result.timing is not None:
+    if result.timing is not None and "suspicious_speedup" not in result.flags:
       out.speedup[p, g, t] = result.timing.speedup
 
   def _feedback(self, out: RolloutBatch, r: int, t: int) -> str:

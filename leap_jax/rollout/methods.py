@@ -6,10 +6,11 @@
 | `leap_no_dcp` | every unsolved valid sample continues until a pass or turn T | first-pass turn (level) | 1.0 | rank reward | `turn_advantages` as `leap` |
 | `grpo` | one turn only | 1[correct] | - | `grpo_advantages` (group mean/std) | turn 1 only |
 | `grpo_mt` | every unsolved valid sample continues until a pass or turn T | 1[correct at any kept turn] | - | `grpo_advantages` | the same value on every kept turn |
-| `kevin` | every valid sample gets all T turns, also after a pass | 0.3*1[correct] + speedup (speedup only where timed and correct; without timings it is 0.3*1[correct]) | 0.4 | `kevin_returns`, normalised over all kept turn samples of the task | per turn (returns are per turn) |
+| `kevin` | every valid sample gets all T turns, also after a pass | 0.3*1[correct] + min(speedup, 10) (speedup only where timed and correct; without timings it is 0.3*1[correct]) | 0.4 | `kevin_returns`, normalised over all kept turn samples of the task | per turn (returns are per turn) |
 | `trloo` | every unsolved valid sample continues until a pass or turn T | 1[correct] + min(speedup, 3) where timed and correct | 1.0 | `trloo_advantages` on `kevin_returns(gamma=1)` | per turn (leave-one-out baseline per turn index) |
 
-Success is status `correct` only (`EvalResult.success`); `not_run` never succeeds. Samples with
+Success is status `correct` only (`EvalResult.success`); `not_run` never succeeds. A speedup the
+evaluator flags `suspicious_speedup` (above 10x) counts as not timed: it adds nothing to any score. Samples with
 an evaluator infrastructure error after retries are invalid: they have no kept turns, count in
 no group statistic and get zero advantage.
 """
@@ -48,13 +49,14 @@ METHODS = {m.name: m for m in (
     Method("grpo", "single_turn", "1[correct]", None, "grpo_advantages", "turn 1 only"),
     Method("grpo_mt", "until_solved", "1[correct at any kept turn]", None, "grpo_advantages",
            "same value on every kept turn"),
-    Method("kevin", "all_turns", "0.3*1[correct] + speedup where timed", 0.4,
+    Method("kevin", "all_turns", "0.3*1[correct] + min(speedup, 10) where timed", 0.4,
            "kevin_returns normalised per task", "per turn"),
     Method("trloo", "until_solved", "1[correct] + min(speedup, 3) where timed", 1.0,
            "trloo_advantages(kevin_returns(gamma=1))", "per turn"),
 )}
 
 KEVIN_CORRECT_WEIGHT = 0.3
+KEVIN_SPEEDUP_CAP = 10.0   # kernels_eval flags anything faster as suspicious and the harness voids it
 TRLOO_SPEEDUP_CAP = 3.0
 
 
@@ -116,11 +118,16 @@ class Credit(NamedTuple):
 
 
 def turn_scores(method: Method, success: np.ndarray, speedup: np.ndarray) -> np.ndarray:
-  """float32[P,G,T] per-turn score of `kevin` / `trloo`; speedup counts only where timed (not NaN) and correct."""
+  """float32[P,G,T] per-turn score of `kevin` / `trloo`.
+
+  The speedup counts only where timed (not NaN; a speedup the evaluator flagged as suspicious arrives as
+  NaN) and correct, and never above the method's cap (`KEVIN_SPEEDUP_CAP`, `TRLOO_SPEEDUP_CAP`).
+  """
   timed = np.isfinite(speedup) & success
   correct = success.astype(np.float32)
   if method.name == "kevin":
-    return KEVIN_CORRECT_WEIGHT * correct + np.where(timed, speedup, 0.0).astype(np.float32)
+    return KEVIN_CORRECT_WEIGHT * correct + np.where(timed, np.minimum(speedup, KEVIN_SPEEDUP_CAP), 0.0).astype(
+        np.float32)
   return correct + np.where(timed, np.minimum(speedup, TRLOO_SPEEDUP_CAP), 0.0).astype(np.float32)
 
 

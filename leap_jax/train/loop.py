@@ -128,7 +128,7 @@ def select_tasks(lang: str, levels: Sequence[int], split: str, ids: Sequence[str
 
 def make_evaluator(cfg: ml_collections.ConfigDict) -> kernels_eval.Evaluator:
   e = cfg.evaluator
-  return kernels_eval.Evaluator(workers=e.workers, timeout_s=e.timeout_s or None)
+  return kernels_eval.Evaluator(workers=e.workers, timeout_s=e.timeout_s or None, isolation=e.isolation)
 
 
 def make_mesh(cfg: ml_collections.ConfigDict):
