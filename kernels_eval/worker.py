@@ -81,10 +81,16 @@ def job_view(config: dict) -> sandbox.View:
                       env=tuple(sorted(config.get("job_env", {}).items())))
 
 
-def _self_test(emit, tmpdir: str) -> None:
-  """In a jail: every already-imported module file must be readable there (the same files a job's
-  lazy imports and tracebacks read)."""
+def _self_test(roots: tuple[str, ...], emit, tmpdir: str) -> None:
+  """In a jail: every folder of the view (the compile cache too) and every already-imported module file
+  must be readable there (the same files a job's lazy imports and tracebacks read)."""
   del tmpdir
+  for root in roots:
+    try:
+      os.listdir(root)
+    except OSError as e:
+      emit({"kind": "unreadable", "path": root, "error": e.strerror})
+      return
   for module in list(sys.modules.values()):
     path = getattr(module, "__file__", None)
     if not path or not os.path.isabs(path):
@@ -100,15 +106,18 @@ def _self_test(emit, tmpdir: str) -> None:
 
 def _isolation_error(limits: sandbox.Limits, view: sandbox.View, tmp_root: str) -> str | None:
   """None when a jailed child works and can read what jobs need, else what is wrong and how to fix it."""
-  outcome = sandbox.run_sandboxed(_self_test, 60.0, limits, view, tmp_root)
+  roots = tuple(r for r in view.readable + view.writable if os.path.isdir(r))
+  outcome = sandbox.run_sandboxed(lambda emit, tmpdir: _self_test(roots, emit, tmpdir), 60.0, limits, view,
+                                  tmp_root)
   messages, _ = wire.split_frames(outcome.data)
   if messages and messages[-1].get("kind") == "ok":
     return None
   if messages and messages[-1].get("kind") == "unreadable":
     path = messages[-1]["path"]
     return (f"a sandboxed job (uid {limits.uid if os.geteuid() == 0 else os.getuid()}) cannot read {path} "
-            f"({messages[-1]['error']}): jobs need the interpreter, the virtualenv and this package to be "
-            "readable by that uid (e.g. `chmod -R o+rX` on the virtualenv), or run as that user")
+            f"({messages[-1]['error']}): jobs need the interpreter, the virtualenv, this package and the CUDA "
+            "compile cache (KERNELS_EVAL_CACHE_DIR) to be readable by that uid (e.g. `chmod -R o+rX` on it), "
+            "or run as that user")
   if messages and messages[-1].get("kind") == "crash":
     return f"a sandboxed job failed to start: {messages[-1]['error'][-600:]}"
   return f"a sandboxed job failed to start (exit {outcome.exit_code}, signal {outcome.signal}); see the worker log"

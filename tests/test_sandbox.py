@@ -265,6 +265,16 @@ def test_an_unreadable_file_is_reported_when_the_pool_starts(tmp_path):
       pool.submit(["reference"], {}, 10)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the jobs' uid differs from the owner only when run as root")
+def test_an_unreadable_compile_cache_is_reported_when_the_pool_starts(tmp_path, monkeypatch):
+  cache = tmp_path / "private_cache"
+  cache.mkdir(mode=0o700)
+  monkeypatch.setenv("KERNELS_EVAL_CACHE_DIR", str(cache))
+  with pool_lib.WorkerPool(backends.runners(), workers=1) as pool:
+    with pytest.raises(jail.IsolationUnavailable, match=f"cannot read {cache} .*KERNELS_EVAL_CACHE_DIR"):
+      pool.warm_up()
+
+
 USER_NAMESPACE_SCRIPT = """
 import json, os
 import kernels_eval as ke
