@@ -45,10 +45,9 @@ MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
 AT_RECURSIVE = 0x8000
 PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 22, 24, 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
-SYSCALLS = {"x86_64": {"pivot_root": 155, "mount_setattr": 442},
-            "aarch64": {"pivot_root": 41, "mount_setattr": 442}}
 # Kernel surfaces a job never needs and attackers use (defence in depth: a seccomp filter answers EPERM).
-# Per architecture: (audit arch, {syscall: number}, clone's number, clone3's number).
+# Per architecture: (audit arch, {syscall: number}, clone's number, clone3's number); the jail's own
+# pivot_root and mount_setattr calls take their numbers from here too.
 _DENIED = ("unshare", "setns", "add_key", "request_key", "keyctl", "bpf", "userfaultfd", "perf_event_open",
            "io_uring_setup", "io_uring_enter", "io_uring_register", "kexec_load", "kexec_file_load",
            "init_module", "finit_module", "delete_module", "mount", "umount2", "pivot_root", "swapon", "swapoff",
@@ -70,6 +69,7 @@ SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus")
 NEW_ROOT, OLD_ROOT = "/newroot", "/oldroot"
+SETUP_FAILED, NO_NAMESPACES = 71, 72   # exit codes: J could not build the jail; C could not make namespaces
 
 
 class IsolationUnavailable(RuntimeError):
@@ -130,7 +130,7 @@ def _mount(src: str | None, dst: str, fstype: str | None, flags: int, data: str 
 
 
 def _syscall(name: str, *args) -> int:
-  number = SYSCALLS.get(platform.machine(), {}).get(name)
+  number = SECCOMP.get(platform.machine(), (0, {}))[1].get(name)
   if number is None:
     raise OSError(errno.ENOSYS, f"{name} on {platform.machine()}")
   return _libc().syscall(number, *args)
@@ -185,14 +185,19 @@ def _mirror(path: str, done: set[str]) -> str | None:
   return current or "/"
 
 
-def _bind(path: str, writable: bool, bound: list[str]) -> None:
-  source, target = OLD_ROOT + path, NEW_ROOT + path
+def _bind_mount(source: str, target: str, flags: int = 0) -> None:
+  """Binds `source` (a folder or a file) at `target`, making the mount point first."""
   _make_parent(target)
   if os.path.isdir(source):
     os.makedirs(target, mode=0o755, exist_ok=True)
   elif not os.path.exists(target):
     open(target, "wb").close()  # noqa: SIM115  (a mount point for a file)
-  _mount(source, target, None, MS_BIND | MS_REC)
+  _mount(source, target, None, MS_BIND | MS_REC | flags)
+
+
+def _bind(path: str, writable: bool, bound: list[str]) -> None:
+  source, target = OLD_ROOT + path, NEW_ROOT + path
+  _bind_mount(source, target)
   if writable:
     _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
   else:
@@ -210,15 +215,8 @@ def _bind_all(paths: Sequence[str], writable: bool, bound: list[str], links: set
 def _dev(devices: Sequence[str]) -> None:
   _mount("tmpfs", NEW_ROOT + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=1m")
   for node in DEVICES + tuple(devices):
-    source, target = OLD_ROOT + node, NEW_ROOT + node
-    if not os.path.exists(source):
-      continue
-    _make_parent(target)
-    if os.path.isdir(source):
-      os.makedirs(target, exist_ok=True)
-    else:
-      open(target, "wb").close()  # noqa: SIM115
-    _mount(source, target, None, MS_BIND | MS_REC | MS_NOSUID)
+    if os.path.exists(OLD_ROOT + node):
+      _bind_mount(OLD_ROOT + node, NEW_ROOT + node, MS_NOSUID)
   os.makedirs(NEW_ROOT + "/dev/shm")
   _mount("tmpfs", NEW_ROOT + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777,size=64m")
   for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
@@ -348,7 +346,7 @@ def enter(spec: Spec) -> None:
   """Moves this (freshly forked, single-threaded) process's future into a jail; returns inside it, in J.
 
   Raises OSError (in C, before anything ran) when a namespace cannot be made. Errors while J builds its
-  root end J with exit code 71 and the message on stderr.
+  root end J with exit code SETUP_FAILED and the message on stderr.
   """
   as_root = os.geteuid() == 0
   uid, gid = os.geteuid(), os.getegid()
@@ -381,7 +379,7 @@ def enter(spec: Spec) -> None:
     _close_fds(spec.keep_fds)
   except BaseException as e:  # noqa: BLE001  (nothing of the job ran yet: report and leave)
     os.write(2, f"jail: {e!r}\n".encode())
-    os._exit(71)
+    os._exit(SETUP_FAILED)
 
 
 def run_command(argv: Sequence[str], *, cwd: str, env: Mapping[str, str], readable: Sequence[str] = (),
@@ -395,7 +393,7 @@ def run_command(argv: Sequence[str], *, cwd: str, env: Mapping[str, str], readab
   spec = Spec(readable=tuple(readable), writable=tuple(writable), env=tuple(sorted(env.items())), uid=uid, gid=gid)
   launcher = [sys.executable, "-S", "-E", os.path.abspath(__file__), spec.to_json(), cwd, *argv]
   done = run_group(launcher, timeout_s=timeout_s)
-  if done.returncode in (71, 72) and done.stderr.startswith("jail:"):
+  if done.returncode in (SETUP_FAILED, NO_NAMESPACES) and done.stderr.startswith("jail:"):
     raise IsolationUnavailable(done.stderr.strip())
   return subprocess.CompletedProcess(list(argv), done.returncode, done.stdout, done.stderr)
 
@@ -423,7 +421,7 @@ def _launch(spec_json: str, cwd: str, argv: list[str]) -> None:
     enter(spec)
   except OSError as e:
     os.write(2, f"jail: cannot create namespaces ({e})\n".encode())
-    os._exit(72)
+    os._exit(NO_NAMESPACES)
   try:
     os.chdir(cwd)
     os.execvpe(argv[0], argv, os.environ)
@@ -434,7 +432,7 @@ def _launch(spec_json: str, cwd: str, argv: list[str]) -> None:
 
 def probe() -> str | None:
   """None when a jail can be set up here, else why not (with what to do about it)."""
-  if sys.platform != "linux" or platform.machine() not in SYSCALLS:
+  if sys.platform != "linux" or platform.machine() not in SECCOMP:
     return f"kernel-level isolation needs Linux on x86-64 or arm64 (this is {sys.platform}/{platform.machine()})"
   try:
     done = run_command(["/bin/sh", "-c", "test ! -e /oldroot && test \"$(cat /proc/1/comm)\" != systemd"],

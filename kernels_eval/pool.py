@@ -173,12 +173,12 @@ class _Worker:
     self.log.close()
 
 
-def worker_env(platform: str, compile_cache_dir: str | None) -> dict[str, str]:
+def worker_env(platform: str, compile_cache_dir: str | None, package_root: str) -> dict[str, str]:
   """The environment of a worker (and, through `JOB_ENV_EXTRA`, of its jobs): an allowlist."""
   env = {k: v for k, v in os.environ.items() if k in ENV_ALLOWLIST}
   flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
                    if "xla_force_host_platform_device_count" not in f)
-  paths = [str(PACKAGE_ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+  paths = [package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
   env.update(PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)), XLA_PYTHON_CLIENT_PREALLOCATE="false",
              TF_CPP_MIN_LOG_LEVEL="3", JAX_PLATFORMS="cpu" if platform == "cpu" else "cuda,cpu",
              PYTHONDONTWRITEBYTECODE="1", HOME=os.environ.get("HOME", tempfile.gettempdir()))
@@ -228,9 +228,7 @@ class WorkerPool:
     self.config = {"runners": dict(runners), "tmp_root": self.tmp_root,
                    "package_root": str(package_root or PACKAGE_ROOT),
                    "writable": [self.compile_cache_dir] if self.compile_cache_dir else []}
-    self.env = worker_env(self.platform, self.compile_cache_dir)
-    if package_root is not None:
-      self.env["PYTHONPATH"] = os.pathsep.join([str(package_root)] + self.env["PYTHONPATH"].split(os.pathsep)[1:])
+    self.env = worker_env(self.platform, self.compile_cache_dir, self.config["package_root"])
     self.config["job_env"] = {k: v for k, v in self.env.items() if k in ENV_ALLOWLIST + JOB_ENV_EXTRA}
     self.max_jobs = max_jobs
     self.size = workers
@@ -256,9 +254,14 @@ class WorkerPool:
     return path
 
   def _new_worker(self, slot: int) -> _Worker:
+    """Starts the worker of `slot`; a worker that cannot isolate its jobs makes the pool refuse all jobs."""
     limits = dataclasses.replace(self.limits, uid=self.uid_base + slot)
     config = {**self.config, "limits": dataclasses.asdict(limits)}
-    worker = _Worker(config, self.env, os.path.join(self.tmp_root, "worker.log"), self.python)
+    try:
+      worker = _Worker(config, self.env, os.path.join(self.tmp_root, "worker.log"), self.python)
+    except jail.IsolationUnavailable as e:
+      self.fatal = f"sandbox unavailable: {e}"
+      raise
     with self._lock:
       self._all.add(worker)
       self.workers_started += 1
@@ -280,8 +283,7 @@ class WorkerPool:
         cold = worker.startup_s
       outcome = worker.run(steps, payload, timeout_s)
       outcome.cold_start_s = cold
-    except jail.IsolationUnavailable as e:
-      self.fatal = f"sandbox unavailable: {e}"
+    except jail.IsolationUnavailable:
       return JobOutcome(infra_error=self.fatal)
     except BaseException as e:  # noqa: BLE001  (any failure here is the worker's: retire it, keep the slot)
       if worker is not None:
@@ -312,9 +314,6 @@ class WorkerPool:
       for i, (slot, worker) in enumerate(taken):
         if worker is None and (count is None or i < count):
           taken[i] = (slot, self._new_worker(slot))
-    except jail.IsolationUnavailable as e:
-      self.fatal = f"sandbox unavailable: {e}"
-      raise
     finally:
       for item in taken:
         self._idle.put(item)

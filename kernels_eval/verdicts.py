@@ -62,9 +62,7 @@ def _ended_badly(step: pool_lib.StepOutcome, cand: protocol.CandidateReport, tim
   if cand.error is not None:
     status, err_stage = cand.error["status"], cand.error["stage"]
     head = f"{status.replace('_', ' ')} (stage {err_stage}): "
-    reason = cand.error.get("rejected_reason")
-    return result(status, err_stage, head + str(cand.error.get("feedback", "")),
-                  rejected_reason=reason if isinstance(reason, str) else None)
+    return result(status, err_stage, head + cand.error["feedback"], rejected_reason=cand.error["rejected_reason"])
   if cand.crash is not None:
     return result("runtime_error", stage, f"runtime error (stage {stage}): the process crashed:\n{cand.crash}")
   if cand.ended_by is None:

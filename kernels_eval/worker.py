@@ -34,8 +34,9 @@ from kernels_eval import sandbox
 from kernels_eval import wire
 
 PACKAGE_ROOT = pathlib.Path(__file__).resolve().parents[1]
-# Imported here once, so that jobs neither pay for them nor read their files lazily from inside the jail.
+# Broad folders never bound into a job's view, even when they are on sys.path.
 SHARED = frozenset({"/", "/tmp", "/var/tmp", "/home", "/root", os.path.realpath(os.path.expanduser("~"))})
+# Imported here once, so that jobs neither pay for them nor read their files lazily from inside the jail.
 PRELOAD = ("jax.experimental.pallas", "jax.experimental.pallas.triton", "jax._src.pallas.triton.lowering",
            "jax._src.pallas.pallas_call", "jaxlib.mlir.dialects.mhlo", "jaxlib.mlir.dialects.stablehlo",
            "jax._src.interpreters.mlir", "numpy.linalg", "ml_dtypes")
@@ -85,23 +86,21 @@ def _self_test(roots: tuple[str, ...], emit, tmpdir: str) -> None:
   """In a jail: every folder of the view (the compile cache too) and every already-imported module file
   must be readable there (the same files a job's lazy imports and tracebacks read)."""
   del tmpdir
-  for root in roots:
+  files = [getattr(m, "__file__", None) for m in list(sys.modules.values())]
+  checks = [(root, os.listdir) for root in roots] + [(path, _read_byte) for path in files
+                                                      if path and os.path.isabs(path)]
+  for path, check in checks:
     try:
-      os.listdir(root)
-    except OSError as e:
-      emit({"kind": "unreadable", "path": root, "error": e.strerror})
-      return
-  for module in list(sys.modules.values()):
-    path = getattr(module, "__file__", None)
-    if not path or not os.path.isabs(path):
-      continue
-    try:
-      with open(path, "rb") as f:
-        f.read(1)
+      check(path)
     except OSError as e:
       emit({"kind": "unreadable", "path": path, "error": e.strerror})
       return
   emit({"kind": "ok"})
+
+
+def _read_byte(path: str) -> None:
+  with open(path, "rb") as f:
+    f.read(1)
 
 
 def _isolation_error(limits: sandbox.Limits, view: sandbox.View, tmp_root: str) -> str | None:

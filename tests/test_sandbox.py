@@ -360,3 +360,18 @@ def test_timed_calls_get_fresh_inputs_and_cannot_see_earlier_outputs():
   assert [v for _, v in seen_inputs] == [float(i % 3) for i in range(9)]
   originals = {s[0].unsafe_buffer_pointer() for s in sets}
   assert not originals & {p for p, _ in seen_inputs} and len(set(seen_outputs)) == 9
+
+
+def test_remove_tree_takes_trees_deeper_than_path_max(tmp_path):
+  """The "process" opt-out removes each job's host temp dir, whatever the job left in it."""
+  top = tmp_path / "job"
+  top.mkdir()
+  fd = os.open(top, os.O_RDONLY)
+  for _ in range(3000):  # 6000 characters below `top`: deeper than PATH_MAX and the recursion limit
+    os.mkdir("d", dir_fd=fd)
+    child = os.open("d", os.O_RDONLY, dir_fd=fd)
+    os.close(fd)
+    fd = child
+  os.close(fd)
+  sandbox.remove_tree(str(top))
+  assert not top.exists()

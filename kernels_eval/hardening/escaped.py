@@ -163,12 +163,12 @@ if attempt(lambda: os.setuid(0)) or attempt(lambda: os.setgid(0)) or attempt(lam
 raise RuntimeError(f"blocked: uid {os.getuid()}")
 '''),
     _case("chroot_escape", "chroot out of the view", _TRY + '''
-os.makedirs("/tmp/x", exist_ok=True)
-if attempt(lambda: os.chroot("/tmp/x")): pay()
+os.makedirs(os.path.join(tmpdir, "x"), exist_ok=True)
+if attempt(lambda: os.chroot(os.path.join(tmpdir, "x"))): pay()
 raise RuntimeError("blocked")
 '''),
     _case("kernel_tunables", "write kernel tunables (core_pattern, sysrq)", _TRY + '''
-if any(attempt(lambda p=p: open(p, "w").write("|/tmp/x")) for p in ("/proc/sys/kernel/core_pattern",
+if any(attempt(lambda p=p: open(p, "w").write("|" + tmpdir)) for p in ("/proc/sys/kernel/core_pattern",
        "/proc/sysrq-trigger", "/sys/kernel/mm/transparent_hugepage/enabled")): pay()
 raise RuntimeError("blocked")
 '''),
