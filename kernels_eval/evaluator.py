@@ -98,7 +98,9 @@ class Evaluator:
   evaluator). timeout_s: per-job wall limit (default: the backend's). cache_size: verdicts kept.
   compile_cache_dir: opt-in persistent JAX compilation cache for the workers (see `pool`).
   limits: sandbox limits (`sandbox.Limits`). isolation: "namespaces" (default) or the explicit opt-out
-  "process" for machines that cannot make namespaces (see `sandbox`).
+  "process" for machines that cannot make namespaces (see `sandbox`). time_on_cpu: on a CPU machine, run
+  the timing stage anyway, at the task's first check sizes (a dry run of the GPU path; the times mean
+  nothing).
   A local pool starts one worker at once: a machine that cannot isolate jobs is reported here, by
   `jail.IsolationUnavailable`, before any candidate is taken.
   """
@@ -107,7 +109,7 @@ class Evaluator:
                timeout_s: float | None = None, max_jobs_per_worker: int = 200, cache_size: int = 4096,
                limits: sandbox.Limits | None = None, platform: str | None = None,
                compile_cache_dir: str | os.PathLike | None = None, address: str | None = None,
-               isolation: str | None = None):
+               isolation: str | None = None, time_on_cpu: bool = False):
     if executor not in ("local", "ray"):
       raise ValueError(f"executor={executor!r} is not supported (use 'local' or 'ray')")
     if secret is None:
@@ -117,6 +119,7 @@ class Evaluator:
       raise ValueError("secret must be at least 16 bytes")
     self._secret = bytes(secret)
     self.timeout_s = timeout_s
+    self.time_on_cpu = time_on_cpu
     if executor == "ray":
       from kernels_eval import ray_executor  # pylint: disable=import-outside-toplevel  (ray is optional)
       self.pool = ray_executor.RayPool(backends.runners(), address=address, cpu_workers=workers, limits=limits,
@@ -221,14 +224,16 @@ class Evaluator:
     payload = {"task": task.to_job(), "source": source, "stages": request.stages, "trials": trial_inputs,
                "trial_dims": [task.check_dims[t % len(task.check_dims)] for t in range(len(trial_inputs))],
                "input_dtypes": [i.dtype for i in task.inputs]}
-    if self.pool.platform != "cpu" and request.stages == "full":
-      first = trials_lib.trial_inputs(task, seed, 100, task.timing_dims)
+    on_gpu = self.pool.platform != "cpu"
+    if (on_gpu or self.time_on_cpu) and request.stages == "full":
+      dims = task.timing_dims if on_gpu else task.check_dims[0]
+      first = trials_lib.trial_inputs(task, seed, 100, dims)
       set_bytes = sum(x.nbytes for x in first)
       n_sets = min(TIMING_SETS, MAX_TIMING_PAYLOAD_BYTES // max(set_bytes, 1))
       if n_sets >= 1:
-        payload["timing_trials"] = [first] + [trials_lib.trial_inputs(task, seed, 100 + k, task.timing_dims)
+        payload["timing_trials"] = [first] + [trials_lib.trial_inputs(task, seed, 100 + k, dims)
                                               for k in range(1, n_sets)]
-        payload["timing_dims"] = task.timing_dims
+        payload["timing_dims"] = dims
     return payload, trial_inputs
 
   @staticmethod

@@ -12,8 +12,9 @@ when it cannot; a worker's first act is a jailed self-test (every module it impo
 from inside). When the pool runs as root, each worker slot's jobs run as a uid of their own, drawn from a
 random block per pool, so that no job shares a process count with a job of another slot or pool.
 
-Worker environment: an allowlist of the parent's (no secrets); single-threaded XLA on CPU, no GPU memory
-preallocation, no persistent compilation cache unless `compile_cache_dir` is given. That cache is opt-in
+Worker environment: an allowlist of the parent's (no secrets); single-threaded XLA on CPU; on a GPU no memory
+preallocation and a device-memory cap per job (`sandbox.Limits.gpu_memory_bytes`, as JAX's allocator
+fraction); no persistent compilation cache unless `compile_cache_dir` is given. That cache is opt-in
 (CI, trusted candidates): children write it through JAX, so a shared cache written by processes that ran
 untrusted code is a trust decision.
 """
@@ -21,11 +22,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import os
 import pathlib
 import queue
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,7 +49,8 @@ WORKER_SLACK_S = 30.0
 # The parent's variables a worker and its jobs may see; nothing else (no secret) crosses.
 ENV_ALLOWLIST = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "CUDA_HOME", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
                  "LD_LIBRARY_PATH", "XLA_PYTHON_CLIENT_MEM_FRACTION", "KERNELS_EVAL_CACHE_DIR", "KERNELS_EVAL_NVCC",
-                 "KERNELS_EVAL_CUDA_ARCH", "KERNELS_EVAL_CUDA_SANITIZER", "KERNELS_EVAL_CUDA_CHECK_TIMEOUT_S")
+                 "KERNELS_EVAL_CUDA_ARCH", "KERNELS_EVAL_GPU_ARCHS", "KERNELS_EVAL_CUDA_SANITIZER",
+                 "KERNELS_EVAL_CUDA_CHECK_TIMEOUT_S")
 JOB_ENV_EXTRA = ("PYTHONPATH", "XLA_FLAGS", "JAX_PLATFORMS", "XLA_PYTHON_CLIENT_PREALLOCATE", "TF_CPP_MIN_LOG_LEVEL",
                  "PYTHONDONTWRITEBYTECODE", "JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
                  "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")
@@ -55,6 +59,31 @@ JOB_ENV_EXTRA = ("PYTHONPATH", "XLA_FLAGS", "JAX_PLATFORMS", "XLA_PYTHON_CLIENT_
 def has_gpu() -> bool:
   """True when an NVIDIA device node exists (checked without importing JAX)."""
   return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_memory_total_bytes() -> int | None:
+  """Total memory of the first visible GPU according to nvidia-smi (once per process), or None."""
+  smi = shutil.which("nvidia-smi")
+  if smi is None:
+    return None
+  try:
+    out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    return int(float(out.split()[0])) << 20
+  except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+    return None
+
+
+def job_memory_fraction(limit_bytes: int, total_bytes: int | None) -> str | None:
+  """`XLA_PYTHON_CLIENT_MEM_FRACTION` capping a job at `limit_bytes`: below any fraction the parent set."""
+  if not total_bytes:
+    return None
+  fraction = min(1.0, limit_bytes / total_bytes)
+  inherited = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+  if inherited:
+    fraction = min(fraction, float(inherited))
+  return f"{fraction:.4f}"
 
 
 @dataclasses.dataclass
@@ -229,6 +258,10 @@ class WorkerPool:
                    "package_root": str(package_root or PACKAGE_ROOT),
                    "writable": [self.compile_cache_dir] if self.compile_cache_dir else []}
     self.env = worker_env(self.platform, self.compile_cache_dir, self.config["package_root"])
+    if self.platform != "cpu":
+      fraction = job_memory_fraction(self.limits.gpu_memory_bytes, gpu_memory_total_bytes())
+      if fraction is not None:
+        self.env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = fraction
     self.config["job_env"] = {k: v for k, v in self.env.items() if k in ENV_ALLOWLIST + JOB_ENV_EXTRA}
     self.max_jobs = max_jobs
     self.size = workers

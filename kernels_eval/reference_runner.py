@@ -2,9 +2,10 @@
 
 Two runners, each the only code of its sandboxed child (no candidate code ever runs next to them):
   `run`       the reference step of an evaluation: outputs for every trial and, when the job times a
-              GPU run, the output for the first timing set and the reference's time over all the sets
-              (`timing.median_ms`, the method Pallas candidates are timed with); matmuls at "highest"
-              precision, so TF32 cannot blur a verdict. Frames: env, reference,
+              GPU run, the output for the first timing set and the reference's device time over all the
+              sets (`timing.measure`, the method every candidate is timed with, under
+              `gpu_lock.exclusive`); matmuls at "highest" precision, so TF32 cannot blur a verdict.
+              Frames: env, reference,
               [timing_reference{output, reference_ms}], done (or reference_error).
   `validate`  the runner of `validate_task`: every trial's outputs, once more on the first trial's inputs
               (determinism), and, for each input in turn, on the first trial's inputs with that one
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from kernels_eval import gpu_lock
 from kernels_eval import sandbox
 from kernels_eval import timing
 
@@ -53,17 +55,19 @@ def run(payload: dict[str, Any], emit: Callable[[dict[str, Any]], None], tmpdir:
   start = time.monotonic()
   platform = _platform()
   emit({"kind": "env", "platform": platform})
-  timing_sets = payload.get("timing_trials") if platform == "gpu" and payload["stages"] == "full" else None
+  timing_sets = payload.get("timing_trials") if payload["stages"] == "full" else None
   sandbox.lock_down(tmpdir)
   try:
     with jax.default_matmul_precision("highest"):
       fn = load_reference(payload["task"])
-      emit({"kind": "reference", "outputs": compute(fn, payload["trials"])})
+      with gpu_lock.shared():
+        emit({"kind": "reference", "outputs": compute(fn, payload["trials"])})
       if timing_sets:
-        output = compute(fn, timing_sets[:1])[0]
         device_sets = [[jnp.asarray(x) for x in inputs] for inputs in timing_sets]
-        emit({"kind": "timing_reference", "output": output,
-              "reference_ms": timing.median_ms(jax.jit(fn), device_sets)})
+        with gpu_lock.exclusive():
+          measured = timing.measure(jax.jit(fn), device_sets)
+        emit({"kind": "timing_reference", "output": np.asarray(measured.output), "reference_ms": measured.ms,
+              "samples": list(measured.samples)})
   except Exception as e:  # noqa: BLE001  (any failure of the reference is the task's)
     emit({"kind": "reference_error", "feedback": sandbox.format_exception(e)})
     return

@@ -13,7 +13,7 @@
 
 In both, before any job code: rlimits (address space on CPU, CPU seconds, file size, no core dumps, open
 files, processes), stdin/stdout/stderr on /dev/null and every other descriptor closed but the result pipe.
-The parent reads the child's frames (at most `MAX_CHILD_OUTPUT` bytes), kills the job at the wall deadline
+The parent reads the child's frames (at most `max_output` bytes), kills the job at the wall deadline
 or when the resident memory of its process tree passes the cap, and cleans up whatever is left.
 
 `lock_down(tmpdir)` is called by a runner right before it loads untrusted code: an audit hook that refuses
@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -49,7 +50,8 @@ PID_REPORT_TIMEOUT_S = 10.0
 @dataclasses.dataclass
 class Limits:
   """Per-job limits. `uid`/`gid`: the identity of jobs set up by root (a pool gives each worker slot a uid
-  of its own above `uid`). `tmp_bytes`: size of a job's private /tmp ("namespaces")."""
+  of its own above `uid`). `tmp_bytes`: size of a job's private /tmp ("namespaces"). `gpu_memory_bytes`:
+  the most device memory a job's JAX may take (its allocator's cap, set by the pool)."""
   memory_bytes: int = 4 << 30
   nproc: int = 512
   cpu_seconds: int = 600
@@ -60,6 +62,7 @@ class Limits:
   address_space_limit: bool = True
   tmp_bytes: int = 2 << 30
   isolation: str = "namespaces"
+  gpu_memory_bytes: int = 8 << 30
 
   def __post_init__(self):
     if self.isolation not in ISOLATIONS:
@@ -104,14 +107,17 @@ def _set_rlimits(limits: Limits) -> None:
   resource.setrlimit(resource.RLIMIT_NPROC, (limits.nproc, limits.nproc))
 
 
-def _enter_process_mode(limits: Limits, tmpdir: str, keep_fd: int) -> None:
+def _enter_process_mode(limits: Limits, tmpdir: str, keep_fds: tuple[int, ...]) -> None:
   """The opt-out isolation ("process"): runs in the child, as the forking user, before any job code."""
   libc = ctypes.CDLL(None, use_errno=True)
   is_root = os.geteuid() == 0
   if is_root and libc.unshare(CLONE_NEWNET) != 0:
     raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
-  os.closerange(3, keep_fd)
-  os.closerange(keep_fd + 1, 65536)
+  start = 3
+  for fd in sorted(keep_fds):
+    os.closerange(start, fd)
+    start = fd + 1
+  os.closerange(start, 65536)
   os.chdir(tmpdir)
   if is_root:
     os.setgroups([])
@@ -125,7 +131,7 @@ def _job_env(view: View, tmpdir: str) -> dict[str, str]:
   return {**dict(view.env), "TMPDIR": tmpdir, "HOME": tmpdir, "TMP": tmpdir, "TEMP": tmpdir}
 
 
-def _child(target, limits: Limits, view: View, tmpdir: str, w: int, pid_w: int) -> None:
+def _child(target, limits: Limits, view: View, tmpdir: str, w: int, pid_w: int, keep_fds: tuple[int, ...]) -> None:
   """Runs in the forked child; never returns."""
   code = 70
   try:
@@ -136,14 +142,14 @@ def _child(target, limits: Limits, view: View, tmpdir: str, w: int, pid_w: int) 
     if limits.isolation == "namespaces":
       jail.enter(jail.Spec(readable=view.readable, writable=view.writable, devices=view.devices,
                            tmp_bytes=limits.tmp_bytes, uid=limits.uid, gid=limits.gid,
-                           env=tuple(_job_env(view, tmpdir).items()), pid_fd=pid_w, keep_fds=(w,)))
+                           env=tuple(_job_env(view, tmpdir).items()), pid_fd=pid_w, keep_fds=(w, *keep_fds)))
       null = os.open(os.devnull, os.O_RDWR)
       os.dup2(null, 2)
       os.close(null)
     else:
       os.dup2(devnull, 2)
       os.close(pid_w)
-      _enter_process_mode(limits, tmpdir, w)
+      _enter_process_mode(limits, tmpdir, (w, *keep_fds))
       os.environ.clear()
       os.environ.update(_job_env(view, tmpdir))
     tempfile.tempdir = tmpdir
@@ -159,6 +165,9 @@ def _child(target, limits: Limits, view: View, tmpdir: str, w: int, pid_w: int) 
     os._exit(code)
 
 
+# One fork at a time per process: on Python >= 3.12 filelock's audit hook refuses an `os.fork` made while another
+# thread's fork is between its at-fork hooks ("os.fork is unsafe while filelock is changing descriptor ownership").
+_FORK_LOCK = threading.Lock()
 _BLOCKED_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
                    "os.forkpty", "os.kill", "os.killpg", "pty.spawn", "os.startfile", "sys.addaudithook",
                    "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata")
@@ -283,11 +292,13 @@ def _kill(pid: int | None, pgid: int) -> None:
 
 def run_sandboxed(target: Callable[[Callable[[Any], None], str], None], timeout_s: float,
                   limits: Limits | None = None, view: View | None = None,
-                  tmp_root: str | None = None) -> ChildOutcome:
+                  tmp_root: str | None = None, keep_fds: tuple[int, ...] = (),
+                  max_output: int = MAX_CHILD_OUTPUT) -> ChildOutcome:
   """Runs `target(emit, tmpdir)` in a sandboxed child; `emit(msg)` sends one frame to the caller.
 
   `view`: what a namespaced job may read and write, and its environment. `tmp_root`: where the
-  "process" isolation makes the job's temp dir (the sandbox uid must be able to enter it).
+  "process" isolation makes the job's temp dir (the sandbox uid must be able to enter it). `keep_fds`:
+  descriptors the child keeps (the GPU lock's). `max_output`: the cap on the frames read back (bytes).
   """
   limits, view = limits or Limits(), view or View()
   namespaced = limits.isolation == "namespaces"
@@ -299,16 +310,18 @@ def run_sandboxed(target: Callable[[Callable[[Any], None], str], None], timeout_
   r, w = os.pipe()
   pid_r, pid_w = os.pipe()
   start = time.monotonic()
-  pid = os.fork()
+  with _FORK_LOCK:
+    pid = os.fork()
   if pid == 0:
     os.close(r)
     os.close(pid_r)
-    _child(target, limits, view, tmpdir, w, pid_w)
+    _child(target, limits, view, tmpdir, w, pid_w, keep_fds)
   os.close(w)
   os.close(pid_w)
   job_pid = _read_pid(pid_r) if namespaced else pid
   try:
-    data, timed_out, memory_killed, truncated = _collect(r, pid, job_pid or pid, start + timeout_s, limits)
+    data, timed_out, memory_killed, truncated = _collect(r, pid, job_pid or pid, start + timeout_s, limits,
+                                                         max_output)
   finally:
     _kill(job_pid, pid)
     _, wstatus = os.waitpid(pid, 0)
@@ -335,8 +348,8 @@ def wipe(buffer: bytearray) -> None:
     ctypes.memset((ctypes.c_char * len(buffer)).from_buffer(buffer), 0, len(buffer))
 
 
-def _collect(r: int, pid: int, job_pid: int, deadline: float,
-             limits: Limits) -> tuple[bytearray, bool, bool, bool]:
+def _collect(r: int, pid: int, job_pid: int, deadline: float, limits: Limits,
+             max_output: int) -> tuple[bytearray, bool, bool, bool]:
   """Reads the child's frames until it exits (or the deadline, the memory cap or the output cap), into one
   buffer that the caller can `wipe` (never into short-lived copies)."""
   buffer, size, truncated, timed_out, memory_killed = bytearray(1 << 16), 0, False, False, False
@@ -355,7 +368,7 @@ def _collect(r: int, pid: int, job_pid: int, deadline: float,
         _wait_exit(pid, min(deadline, time.monotonic() + 1.0))
         break
       size += n
-      if size > MAX_CHILD_OUTPUT:
+      if size > max_output:
         truncated = True
         break
     if tree_memory_bytes(job_pid, limits.memory_bytes) > limits.memory_bytes:

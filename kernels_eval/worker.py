@@ -15,13 +15,18 @@ stdin/stdout (frames of `kernels_eval.wire`):
                     worker); then {"kind": "end"}. A step's bytes are sent and wiped from the worker's
                     memory before the next step's child is forked, so no child inherits another's report.
 
-`timeout_s` bounds the whole job; a step that times out ends the job (later steps are not run). A runner
+`timeout_s` bounds the whole job; a step that times out ends the job (later steps are not run). The first
+step may write up to `FIRST_STEP_OUTPUT_CAP` bytes of frames; each later step at most twice what the first did
+(`later_step_cap`; an evaluation's first step is the reference, and a candidate's outputs have the
+reference's shapes, so the cap scales with the task, timing sizes included). On a GPU machine the worker opens
+the GPU lock (`gpu_lock`) once and every child inherits it. A runner
 that fails to import is reported on each of its steps as a "crash" message; the others work. A runner is
 `run(payload, emit, tmpdir)` and reports with `emit({"kind": ..., ...})`; one that loads untrusted code
 calls `sandbox.lock_down(tmpdir)` first.
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib
 import os
@@ -30,6 +35,7 @@ import platform
 import sys
 import time
 
+from kernels_eval import gpu_lock
 from kernels_eval import sandbox
 from kernels_eval import wire
 
@@ -40,6 +46,7 @@ SHARED = frozenset({"/", "/tmp", "/var/tmp", "/home", "/root", os.path.realpath(
 PRELOAD = ("jax.experimental.pallas", "jax.experimental.pallas.triton", "jax._src.pallas.triton.lowering",
            "jax._src.pallas.pallas_call", "jaxlib.mlir.dialects.mhlo", "jaxlib.mlir.dialects.stablehlo",
            "jax._src.interpreters.mlir", "numpy.linalg", "ml_dtypes")
+FIRST_STEP_OUTPUT_CAP = 1 << 30
 
 
 def _load(spec: str):
@@ -122,18 +129,27 @@ def _isolation_error(limits: sandbox.Limits, view: sandbox.View, tmp_root: str) 
   return f"a sandboxed job failed to start (exit {outcome.exit_code}, signal {outcome.signal}); see the worker log"
 
 
+def later_step_cap(first_step_bytes: int) -> int:
+  """The output cap of a job's steps after the first: twice the first's frames plus 1 MiB (an output of the
+  wrong shape still gets its `wrong_output` verdict unless it is over twice the reference's size)."""
+  return 2 * first_step_bytes + (1 << 20)
+
+
 def _run_steps(job: dict, runners: dict, broken: dict, limits: sandbox.Limits, view: sandbox.View,
-               tmp_root: str, out) -> None:
+               tmp_root: str, keep_fds: tuple[int, ...], out) -> None:
   deadline = time.monotonic() + float(job["timeout_s"])
-  for name in job["steps"]:
+  cap = FIRST_STEP_OUTPUT_CAP
+  for i, name in enumerate(job["steps"]):
     if name in runners:
       outcome = sandbox.run_sandboxed(
           lambda emit, tmpdir, fn=runners[name]: fn(job["payload"], emit, tmpdir),
-          max(deadline - time.monotonic(), 0.1), limits, view, tmp_root)
+          max(deadline - time.monotonic(), 0.1), limits, view, tmp_root, keep_fds=keep_fds, max_output=cap)
       header, data = outcome.header(), outcome.data
     else:
       error = broken.get(name, f"unknown runner {name!r}")
       header, data = {"exit_code": 1}, bytearray(wire.encode({"kind": "crash", "error": error}))
+    if i == 0:
+      cap = later_step_cap(len(data))
     out.write(wire.encode({"kind": "step", **header, "runner": name, "nbytes": len(data)}))
     out.write(data)
     out.flush()
@@ -162,6 +178,9 @@ def main() -> None:
       pass
   limits = sandbox.Limits(**config["limits"])
   view = job_view(config)
+  keep_fds = gpu_lock.open_fds() if view.devices else ()
+  if keep_fds:
+    view = dataclasses.replace(view, env=view.env + ((gpu_lock.FDS_ENV, ",".join(map(str, keep_fds))),))
   error = _isolation_error(limits, view, config["tmp_root"])
   wire.write_frame(proto_out, {"kind": "ready", "toolchain": _toolchain(), "pid": os.getpid(),
                                "isolation_error": error})
@@ -170,7 +189,7 @@ def main() -> None:
       job = wire.read_frame(proto_in)
     except EOFError:
       return
-    _run_steps(job, runners, broken, limits, view, config["tmp_root"], proto_out)
+    _run_steps(job, runners, broken, limits, view, config["tmp_root"], keep_fds, proto_out)
 
 
 if __name__ == "__main__":

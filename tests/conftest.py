@@ -1,14 +1,17 @@
-"""Test-session setup: 8 fake CPU devices and JAX's persistent compilation cache.
+"""Test-session setup: 8 fake CPU devices, JAX's persistent compilation cache, GPU tests on GPU hosts.
 
-Both must be in place before JAX initialises its backends, so this module sets the
-environment at import time, before any test module imports jax.
+These must be in place before JAX initialises its backends, so this module sets the environment at
+import time, before any test module imports jax. The CPU is the default backend everywhere (the same
+numerics on every machine); where an NVIDIA device exists the CUDA backend is also loaded, so that tests
+marked `gpu` run there (they ask for `jax.devices("gpu")` explicitly).
 """
 import os
 import pathlib
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+NVIDIA_DEVICE = os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("JAX_PLATFORMS", "cpu,cuda" if NVIDIA_DEVICE else "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
   os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
@@ -27,7 +30,7 @@ jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE
 
 def _has_gpu() -> bool:
   try:
-    return any(d.platform == "gpu" for d in jax.devices())
+    return bool(jax.devices("gpu"))
   except RuntimeError:
     return False
 

@@ -9,6 +9,7 @@ import dataclasses
 import os
 import multiprocessing
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -165,6 +166,91 @@ def test_runner_program_builds_and_reports_the_missing_gpu(tmp_path):
       with pytest.raises(session.RunnerFailure) as e:
         s.check()
       assert e.value.kind == "no_device"
+
+
+EX_LAUNCH = SCALE.replace("  scale<<<(n + 255) / 256, 256, 0, stream>>>(x, out, n);\n", """\
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3((n + 255) / 256);
+  config.blockDim = dim3(256);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchKernelEx(&config, scale, x, out, n);
+""")
+
+
+def _exports(path: str) -> set[str]:
+  return audit.dynamic_symbols(path)[1]
+
+
+def test_runner_links_the_runtime_by_soname_with_the_pip_toolchain(monkeypatch, tmp_path):
+  monkeypatch.setenv(toolchain.NVCC_ENV, "pypi")
+  tc = toolchain.find_toolchain()
+  assert not os.path.exists(os.path.join(tc.cudart_dir, "libcudart.so"))  # what `-cudart shared` needed
+  runner = compile_lib.build_runner(tc, cache_dir=tmp_path)
+  dynamic = subprocess.run(["readelf", "-d", runner], capture_output=True, text=True, check=True).stdout
+  assert f"[{tc.cudart_soname}]" in dynamic and f"[{tc.cudart_dir}]" in dynamic
+  assert audit.OBSERVED_LAUNCHES <= _exports(runner)
+
+
+def test_every_launch_symbol_of_the_runtime_is_observed_or_refused():
+  tc = toolchain.find_toolchain()
+  runtime = os.path.join(tc.cudart_dir, tc.cudart_soname)
+  launches = {name for name in _exports(runtime) if "Launch" in name}
+  assert {"cudaLaunchKernelExC", "__cudaLaunchKernel_ptsz", "cudaLaunchCooperativeKernel"} <= launches
+  observed = _exports(compile_lib.build_runner(tc))
+  for name in launches:
+    assert name in observed or not audit.is_allowed_import(name), name
+  assert audit.OBSERVED_LAUNCHES <= observed
+
+
+def test_a_launch_through_cudaLaunchKernelEx_passes_every_static_stage(tmp_path):
+  tc = toolchain.find_toolchain()
+  assert static_check.check_source(EX_LAUNCH) is None
+  pre = compile_lib.preprocess(EX_LAUNCH + SIG.entry_shim(), tc, "sm_90")
+  assert pre.reason is None
+  for text in (pre.host, pre.device):
+    assert static_check.check_preprocessed(text, tc.root, pre.log) is None
+  result = _build(EX_LAUNCH, tmp_path)
+  assert result.ok, result.log
+  assert audit.audit_library(result.library, pre.host, ("solution", prototype.ENTRY_SYMBOL)) is None
+  assert "cudaLaunchKernelExC" in audit.undefined_imports(result.library)
+
+
+@pytest.mark.parametrize("source,launch", [(SCALE, "__cudaLaunchKernel_ptsz"), (EX_LAUNCH, "cudaLaunchKernelExC_ptsz")])
+def test_per_thread_stream_launches_pass_the_audit(tmp_path, source, launch):
+  # Only nvcc's flag reaches these symbols (the source's own #define comes after nvcc's cuda_runtime.h).
+  tc = toolchain.find_toolchain()
+  result = compile_lib.compile_source(source + SIG.entry_shim(), tc=tc, cache_dir=tmp_path, prototype=SIG.prototype(),
+                                      flags=[*compile_lib.nvcc_flags(tc, "sm_90"), "-default-stream", "per-thread"])
+  assert result.ok, result.log
+  assert launch in audit.undefined_imports(result.library)
+  assert audit.audit_library(result.library, source, ("solution", prototype.ENTRY_SYMBOL)) is None
+
+
+def test_nvidia_smi_runs_once_per_process_tree(tmp_path, monkeypatch):
+  calls = tmp_path / "calls"
+  smi = tmp_path / "nvidia-smi"
+  smi.write_text(f'#!/bin/sh\necho run >> {calls}\nprintf "9.0\\n8.6\\n"\n')
+  smi.chmod(0o755)
+  monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+  monkeypatch.setenv(toolchain.GPU_ARCHS_ENV, "")
+  monkeypatch.delenv(toolchain.GPU_ARCHS_ENV)
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+  assert [toolchain.visible_gpu_arch() for _ in range(3)] == ["sm_90"] * 3
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+  assert toolchain.visible_gpu_arch() == toolchain.target_arch() == "sm_86"
+  child = subprocess.run([sys.executable, "-c", "from kernels_eval.cuda import toolchain; "
+                          "print(toolchain.visible_gpu_arch())"], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert child.stdout.strip() == "sm_86"
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+  assert toolchain.visible_gpu_arch() is None
+  assert calls.read_text().splitlines() == ["run"]
+  smi.write_text(f"#!/bin/sh\necho run >> {calls}\nexit 9\n")
+  monkeypatch.delenv(toolchain.GPU_ARCHS_ENV)
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+  assert toolchain.visible_gpu_arch() is None and toolchain.visible_gpu_arch() is None
+  assert os.environ[toolchain.GPU_ARCHS_ENV] == "none" and calls.read_text().splitlines() == ["run", "run"]
 
 
 def test_compile_feedback_never_quotes_other_files():

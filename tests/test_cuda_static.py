@@ -3,6 +3,7 @@ import pytest
 
 from kernels_eval import render
 from kernels_eval import task as task_lib
+from kernels_eval.cuda import audit
 from kernels_eval.cuda import prototype
 from kernels_eval.cuda import static_check
 
@@ -63,10 +64,33 @@ def _src(body: str, head: str = "") -> str:
     ("", '#define P _Pragma("GCC optimize(\\"O0\\")")\n', "forbidden_preprocessor"),
     ("", "#if __has_include(</etc/shadow>)\n#endif\n", "forbidden_preprocessor"),
     ("", 'static const char* s = R"x(" /* )x";\n', "forbidden_preprocessor"),
+    ("cudaLaunchKernel_ptsz((void*)0, 1, 1, 0, 0, stream);", "", "forbidden_api"),
+    ("cudaLaunchKernel((void*)0, 1, 1, 0, 0, stream);", "", "forbidden_api"),
+    ("cudaLaunchDevice(0, 0, 1, 1, 0, stream);", "", "forbidden_api"),
+    ('void* f; cudaGetDriverEntryPoint("cuLaunchKernel", &f, 0, 0);', "", "forbidden_api"),
+    ("cudaLaunchCooperativeKernel((void*)0, 1, 1, 0, 0, stream);", "", "extra_stream"),
 ])
 def test_rules_reject(body, head, reason):
   rejection = static_check.check_source(_src(body, head))
   assert rejection is not None and rejection.reason == reason, rejection
+
+
+def test_cudaLaunchKernelEx_with_a_config_and_attributes_passes():
+  head = "__global__ void k(const float* x, float* out, int n) { out[0] = x[0]; }\n"
+  body = ("  cudaLaunchAttribute attrs[1];\n  attrs[0].id = cudaLaunchAttributeCooperative;\n"
+          "  attrs[0].val.cooperative = 1;\n  cudaLaunchConfig_t config = {};\n  config.gridDim = dim3(1);\n"
+          "  config.blockDim = dim3(32);\n  config.stream = stream;\n  config.attrs = attrs;\n  config.numAttrs = 1;\n"
+          "  cudaLaunchKernelEx(&config, k, x, out, n);\n  cudaLaunchKernelExC(&config, (const void*)k, nullptr);")
+  assert static_check.check_source(_src(body, head)) is None
+
+
+def test_the_audit_allows_exactly_the_launches_the_harness_observes():
+  assert {"__cudaLaunchKernel", "cudaLaunchKernelExC"} <= audit.OBSERVED_LAUNCHES
+  assert all(audit.is_allowed_import(name) for name in audit.OBSERVED_LAUNCHES)
+  for name in ("cudaLaunchCooperativeKernel", "cudaLaunchHostFunc", "cudaGraphLaunch", "cudaLaunchDevice",
+               "__cudaLaunchSomethingNew", "__cudaGetProcAddress", "cudaGetDriverEntryPoint", "cuLaunchKernel"):
+    assert not audit.is_allowed_import(name), name
+  assert audit.is_allowed_import("__cudaRegisterFatBinary") and audit.is_allowed_import("__cudaPushCallConfiguration")
 
 
 def test_rule_reports_line_numbers():

@@ -10,7 +10,7 @@ from configs import common
 from leap_jax.models import ModelConfig, Transformer
 from leap_jax.models import sharding as model_sharding
 from leap_jax.train import learner as learner_lib
-from leap_jax.train import gpu_section, objectives, optim
+from leap_jax.train import objectives, optim
 from leap_jax.train.batch import batch_from_numpy
 
 TINY = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -258,25 +258,6 @@ def test_sharded_steps_match_single_device(two_step_runs):
   for key in ("loss", "clip_fraction", "grad_norm", "logprob_gap"):
     assert sharded_hist[1][key] == pytest.approx(single_hist[1][key], rel=1e-4, abs=1e-6)
   assert int(sharded.step) == 2
-
-
-def test_gpu_section_model_shape_and_cpu_report(tmp_path, capsys):
-  """The GPU section's model is Qwen2.5-1.5B-sized (1.54B parameters); on CPU it reports not_run."""
-  cfg = ModelConfig.from_hf_config(gpu_section.QWEN25_1P5B, dtype="bfloat16", param_dtype="bfloat16")
-  abstract = nnx.state(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
-  assert sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract)) == pytest.approx(1.54e9, rel=0.01)
-  if any(d.platform == "gpu" for d in jax.devices()):
-    pytest.skip("a GPU is present: see test_gpu_section_times_a_step")
-  assert gpu_section.run(str(tmp_path)) == {"status": "not_run", "reason": "no GPU"}
-  assert "not_run: no GPU" in capsys.readouterr().out
-  assert (tmp_path / "gpu_learner.json").exists()
-
-
-@pytest.mark.gpu
-def test_gpu_section_times_a_step(tmp_path):
-  result = gpu_section.run(str(tmp_path))
-  assert result["status"] == "ok", result
-  assert result["tokens_per_s"] > 0 and result["peak_memory_gib"] > 0 and np.isfinite(result["loss"])
 
 
 def test_bfloat16_params_keep_their_dtype(on_policy_batch):

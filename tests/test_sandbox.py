@@ -356,10 +356,15 @@ def test_timed_calls_get_fresh_inputs_and_cannot_see_earlier_outputs():
     seen_outputs.append(out.unsafe_buffer_pointer())
     return out
   sets = [[jnp.full((1024,), float(k))] for k in range(3)]
-  assert timing.median_ms(fn, sets, reps=9, warmup=0) > 0
-  assert [v for _, v in seen_inputs] == [float(i % 3) for i in range(9)]
+  measured = timing.measure(fn, sets, rounds=3, calls=3, warmup=1)
+  assert len(measured.samples) == 3 and min(measured.samples) >= timing.RESOLUTION_MS
+  assert measured.ms == sorted(measured.samples)[1]
+  # The first call sizes the outputs, one warm-up, then each round's timed calls end on set 0.
+  assert [v for _, v in seen_inputs] == [0.0, 0.0] + [2.0, 1.0, 0.0] * 3
+  assert float(measured.output[0]) == 1.0
   originals = {s[0].unsafe_buffer_pointer() for s in sets}
-  assert not originals & {p for p, _ in seen_inputs} and len(set(seen_outputs)) == 9
+  timed_outputs = seen_outputs[2:]
+  assert not originals & {p for p, _ in seen_inputs} and len(set(timed_outputs)) == 9
 
 
 def test_remove_tree_takes_trees_deeper_than_path_max(tmp_path):

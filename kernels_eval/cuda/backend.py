@@ -15,8 +15,9 @@ A compile error is not a rejection: the worker finds the failed build in the cac
 `kernels_eval.cuda.gpu_job:run`, which reads the library from the cache and, on a GPU host, runs it
 in the harness program; without a GPU the verdict is `not_run`.
 
-The cache folder is pinned in the environment (`KERNELS_EVAL_CACHE_DIR`) when this module is
-imported, so that worker processes started afterwards read the same cache.
+The cache folder (`KERNELS_EVAL_CACHE_DIR`) and nvidia-smi's answer (`toolchain.GPU_ARCHS_ENV`) are
+pinned in the environment when this module is imported, so that worker processes started afterwards read
+the same cache, compile for the same architecture and never run nvidia-smi themselves.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from kernels_eval.cuda import static_check as cuda_static_check
 from kernels_eval.cuda import toolchain as toolchain_lib
 
 os.environ.setdefault(compile_lib.CACHE_ENV, str(compile_lib.default_cache_dir().parent))
+toolchain_lib.visible_gpu_arch()
 
 
 def shimmed_source(task: task_lib.Task, source: str) -> tuple[str, str]:

@@ -255,9 +255,10 @@ def _run_nvcc(tc: toolchain_lib.Toolchain, flags: Sequence[str], source: str, ou
 
 
 def runner_flags(tc: toolchain_lib.Toolchain) -> list[str]:
-  """Flags for the harness host program `runner.cu` (host C++; exports its launch interposers)."""
-  return ["-x", "c++", "-O2", "-std=c++17", "-cudart", "shared", "-ldl", "-Xlinker", "--export-dynamic",
-          f"-L{tc.cudart_dir}", "-Xlinker", f"-rpath={tc.cudart_dir}"]
+  """Flags for the harness host program `runner.cu` (host C++; exports its launch interposers). The CUDA
+  runtime is linked as the kernels link it, by soname (the wheel ships no unversioned libcudart.so)."""
+  return ["-x", "c++", "-O2", "-std=c++17", "-cudart", "none", f"-L{tc.cudart_dir}", f"-l:{tc.cudart_soname}",
+          "-ldl", "-Xlinker", "--export-dynamic", "-Xlinker", f"-rpath={tc.cudart_dir}"]
 
 
 def compile_source(source: str, arch: str | None = None, tc: toolchain_lib.Toolchain | None = None,

@@ -9,13 +9,18 @@ in another process. Steps:
      request (`backend.static_check`); the child only reads the cache, and compiles privately on a miss;
      then the symbol audit again;
   2. no GPU: `not_run` (never `correct`);
-  3. stage correctness: per distinct check-dims entry one harness process runs `check`; outputs go to the
-     parent, which compares them with the reference. Harness findings end the run with an error:
-     no kernel launched, a launch on another stream, a modified input, trial 0 not reproducible;
-  4. stage timing (stages="full"): rounds of harness `time` at the timing dims (CUDA events, L2 flush,
-     device-wide sync, rotating inputs, the last timed call on the first set), whose output goes to the
-     parent to be compared with the reference; a flag for beating the memory roofline (the core flags
-     speedups above 10x).
+  3. stage correctness: per distinct check-dims entry one harness process runs `check`, holding the GPU
+     lock shared (`kernels_eval.gpu_lock`); outputs go to the parent, which compares them with the
+     reference. Harness findings end the run with an error: no kernel launched, a launch on another
+     stream, a modified input, trial 0 not reproducible;
+  4. stage timing (stages="full"): one harness process runs `time` at the timing dims, holding the GPU lock
+     exclusive (taken after every shared hold is released), with the evaluator's one timing method
+     (`kernels_eval.timing`, implemented for CUDA in `runner.cu`): after TIMING_WARMUP calls, per round the
+     device time of N x [prep(i); call(i)] minus that of N x [prep(i)], over N, where prep(i) restores set
+     i's inputs from pristine device copies, poisons the output and flushes L2; sets rotate and the last
+     call is on set 0, whose output goes to the parent to be compared with the reference. kernel_ms is the
+     median over TIMING_ROUNDS rounds (every round is kept as a sample); a flag for beating the memory
+     roofline (the core flags speedups above 10x).
 """
 from __future__ import annotations
 
@@ -27,8 +32,10 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from kernels_eval import gpu_lock
 from kernels_eval import reference_runner
 from kernels_eval import task as task_lib
+from kernels_eval import timing
 from kernels_eval.cuda import audit as audit_lib
 from kernels_eval.cuda import compile as compile_lib
 from kernels_eval.cuda import prototype as prototype_lib
@@ -36,7 +43,7 @@ from kernels_eval.cuda import session as session_lib
 from kernels_eval.cuda import toolchain as toolchain_lib
 from kernels_eval.cuda import verdict as verdict_lib
 
-TIMING_ROUNDS, TIMING_REPS, TIMING_WARMUP = 3, 20, 3
+TIMING_ROUNDS, TIMING_CALLS, TIMING_WARMUP = timing.ROUNDS, timing.CALLS, timing.WARMUP  # the JAX paths' own
 CHECK_TIMEOUT_S = float(os.environ.get("KERNELS_EVAL_CUDA_CHECK_TIMEOUT_S", "60"))  # per harness `check`
 TIME_TIMEOUT_S = 120.0
 SANITIZER_ENV = "KERNELS_EVAL_CUDA_SANITIZER"  # "1": run the correctness trials under compute-sanitizer
@@ -90,9 +97,9 @@ def _out_struct(payload: dict[str, Any], inputs: list[np.ndarray]) -> tuple[tupl
   return tuple(out.shape), np.dtype(out.dtype)
 
 
-def _timing_reps(n_sets: int) -> int:
-  """About TIMING_REPS calls such that the last one (whose output is re-checked) uses the first set."""
-  return n_sets * ((TIMING_REPS - 1) // n_sets) + 1
+def calls_per_round(n_sets: int) -> int:
+  """N: about TIMING_CALLS, such that the last call (i = N - 1, whose output is re-checked) uses set 0."""
+  return n_sets * ((TIMING_CALLS - 1) // n_sets) + 1
 
 
 def _compile(payload: dict[str, Any], sig: prototype_lib.CudaSignature, tc, tmpdir: str, emit) -> str | None:
@@ -117,15 +124,16 @@ def _check(payload, sig, runner, library, sanitizer, emit) -> bool:
   for ids in dims_groups(payload["trial_dims"]):
     dims = payload["trial_dims"][ids[0]]
     shape, dtype = _out_struct(payload, trials[ids[0]])
-    session = session_lib.RunnerSession(runner, library, [trials[t] for t in ids], shape, dtype,
-                                        [dims[d] for d in sig.dim_names], sanitizer=sanitizer)
-    try:
-      reply = session.check(timeout_s=CHECK_TIMEOUT_S)
-    except session_lib.RunnerFailure as e:
-      _failure(emit, "correctness", e, dims)
-      return False
-    finally:
-      session.close()
+    with gpu_lock.shared():
+      session = session_lib.RunnerSession(runner, library, [trials[t] for t in ids], shape, dtype,
+                                          [dims[d] for d in sig.dim_names], sanitizer=sanitizer)
+      try:
+        reply = session.check(timeout_s=CHECK_TIMEOUT_S)
+      except session_lib.RunnerFailure as e:
+        _failure(emit, "correctness", e, dims)
+        return False
+      finally:
+        session.close()
     problem = verdict_lib.harness_findings(reply.launches, reply.foreign_streams,
                                            [(ids[t], k) for t, k in reply.mutated], list(sig.input_names))
     if problem is None:
@@ -142,21 +150,20 @@ def _check(payload, sig, runner, library, sanitizer, emit) -> bool:
 def _time(payload, sig, runner, library, emit) -> bool:
   sets, dims = payload["timing_trials"], payload["timing_dims"]
   shape, dtype = _out_struct(payload, sets[0])
-  session = session_lib.RunnerSession(runner, library, sets, shape, dtype, [dims[d] for d in sig.dim_names])
-  kernel_ms: list[float] = []
-  try:
-    for _ in range(TIMING_ROUNDS):
-      reply = session.time(_timing_reps(len(sets)), TIMING_WARMUP, TIME_TIMEOUT_S)
-      kernel_ms += reply.ms
-  except session_lib.RunnerFailure as e:
-    _failure(emit, "timing", e, dims)
-    return False
-  finally:
-    session.close()
+  with gpu_lock.exclusive():
+    session = session_lib.RunnerSession(runner, library, sets, shape, dtype, [dims[d] for d in sig.dim_names])
+    try:
+      reply = session.time(calls_per_round(len(sets)), TIMING_WARMUP, TIMING_ROUNDS, TIME_TIMEOUT_S)
+    except session_lib.RunnerFailure as e:
+      _failure(emit, "timing", e, dims)
+      return False
+    finally:
+      session.close()
   if reply.timed_set != 0:
     emit({"kind": "error", "stage": "timing", "status": "runtime_error",
           "feedback": f"the harness timed set {reply.timed_set} last, not set 0"})
     return False
+  kernel_ms = [max(ms, timing.RESOLUTION_MS) for ms in reply.ms]
   k = statistics.median(kernel_ms)
   out_bytes = reply.timed_output.nbytes
   bound = verdict_lib.roofline_ms(sum(x.nbytes for x in sets[0]), out_bytes)

@@ -5,10 +5,17 @@ process group (optionally under compute-sanitizer), sends commands on stdin and 
 per command from a dedicated pipe, with a deadline per command. The candidate runs only in that child:
 a CUDA error, crash or hang ends the child (the process group is killed on a deadline), never the
 parent, and the next candidate gets a fresh child.
+
+The child dies with the process that started it, even when that one is killed (a job's timeout under the
+"process" isolation, which has no PID namespace to take the child along): it starts under `setpriv
+--pdeathsig KILL` where util-linux provides it, and the harness itself sets the same parent-death signal
+(`PARENT_ENV`, not under compute-sanitizer, whose child it then is). The parent-death signal follows the
+thread that started the child: drive a session from a thread that outlives it.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pathlib
 import resource
@@ -23,6 +30,7 @@ from typing import Sequence
 import numpy as np
 
 MAX_OUTPUT_FILE_BYTES = 1 << 31
+PARENT_ENV = "KERNELS_EVAL_HARNESS_PARENT"  # pid the harness must die with (runner.cu)
 
 
 class RunnerFailure(RuntimeError):
@@ -46,18 +54,40 @@ class CheckReply:
 
 @dataclasses.dataclass
 class TimeReply:
+  """ms: the per-call device time of each round (method in `runner.cu`); timed_output: the output of the last
+  timed call, which ran on set timed_set."""
   ms: list[float]
   timed_set: int
   timed_output: np.ndarray
 
 
-def _with_limits(cmd: list[str]) -> list[str]:
-  """Prefixes `cmd` with a shell that lowers the core and file-size limits, then execs it (no Python
-  runs between fork and exec, so this is safe from a process with JAX's threads)."""
+@functools.lru_cache(maxsize=1)
+def _setpriv() -> str | None:
+  """util-linux's setpriv, when it exists and knows --pdeathsig (2.33 and later)."""
+  path = shutil.which("setpriv", path="/usr/bin:/bin")
+  if path is None:
+    return None
+  try:
+    usage = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10, check=False).stdout
+  except (OSError, subprocess.TimeoutExpired):
+    return None
+  return path if "--pdeathsig" in usage else None
+
+
+def _launcher(cmd: list[str]) -> list[str]:
+  """Prefixes `cmd` with a shell that lowers the core and file-size limits, then execs it; and that with
+  `setpriv --pdeathsig KILL` where available, the shell first checking that its parent is still this process
+  (one that died before setpriv set the signal would never send it). No Python runs between fork and
+  exec, so this is safe from a process with JAX's threads."""
   _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
   cap = MAX_OUTPUT_FILE_BYTES if hard == resource.RLIM_INFINITY else min(hard, MAX_OUTPUT_FILE_BYTES)
   # `ulimit -f` counts 512-byte blocks in dash and 1 KiB blocks in bash: cap // 1024 stays under `cap`.
-  return ["/bin/sh", "-c", f'ulimit -c 0 && ulimit -f {cap // 1024} && exec "$@"', "runner", *cmd]
+  script = f'ulimit -c 0 && ulimit -f {cap // 1024} && exec "$@"'
+  setpriv = _setpriv()
+  if setpriv is None:
+    return ["/bin/sh", "-c", script, "runner", *cmd]
+  return [setpriv, "--pdeathsig", "KILL", "/bin/sh", "-c", f'[ "$PPID" = {os.getpid()} ] && {script}', "runner",
+          *cmd]
 
 
 def sanitizer_path(toolkit_root: str) -> str | None:
@@ -102,9 +132,11 @@ class RunnerSession:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
                                                          "HOME", "LANG", "NVIDIA_VISIBLE_DEVICES")}
     env["TMPDIR"] = str(self.dir)
+    if not sanitizer:
+      env[PARENT_ENV] = str(os.getpid())
     self.log_path = self.dir / "log.txt"
     with open(self.log_path, "w") as log:
-      self.proc = subprocess.Popen(_with_limits(cmd), stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+      self.proc = subprocess.Popen(_launcher(cmd), stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                                    cwd=self.dir, env=env, pass_fds=(write_fd,), start_new_session=True, text=True)
     os.close(write_fd)
     self._replies = os.fdopen(read_fd, "r")
@@ -195,8 +227,9 @@ class RunnerSession:
                       self._read_out("det.bin"), mutated, int(fields["launches"]),
                       int(fields["foreign_streams"]))
 
-  def time(self, reps: int, warmup: int, timeout_s: float = 60.0) -> TimeReply:
-    reply = self._command(f"time {int(reps)} {int(warmup)}", timeout_s)
+  def time(self, calls: int, warmup: int, rounds: int, timeout_s: float = 60.0) -> TimeReply:
+    """`rounds` per-call device times, each from loops of `calls` iterations, after `warmup` calls."""
+    reply = self._command(f"time {int(calls)} {int(warmup)} {int(rounds)}", timeout_s)
     fields = dict(kv.split("=", 1) for kv in reply.split()[2:])
     return TimeReply([float(x) for x in fields["ms"].split(",")], int(fields["set"]), self._read_out("timed.bin"))
 

@@ -12,8 +12,9 @@ Kernels built with CUDA 13 need an NVIDIA driver >= 580 on the GPU host. On host
 supports CUDA 12, compile with a CUDA 12 system toolkit (`CUDA_HOME`), or compile at run time through
 NVRTC (`nvidia-cuda-nvrtc-cu12`) to PTX, which the CUDA 12 driver JIT-compiles.
 
-The architecture comes from the visible GPU (`nvidia-smi --query-gpu=compute_cap`), else from
-`KERNELS_EVAL_CUDA_ARCH` or the `default_arch` argument (`sm_90`, the H100/H200 family).
+The architecture comes from the visible GPU (`nvidia-smi --query-gpu=compute_cap`, run once per process
+tree: `visible_gpu_arch`), else from `KERNELS_EVAL_CUDA_ARCH` or the `default_arch` argument (`sm_90`, the
+H100/H200 family).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import subprocess
 
 NVCC_ENV = "KERNELS_EVAL_NVCC"
 ARCH_ENV = "KERNELS_EVAL_CUDA_ARCH"
+GPU_ARCHS_ENV = "KERNELS_EVAL_GPU_ARCHS"  # nvidia-smi's answer, kept for this process and its children
 DEFAULT_ARCH = "sm_90"
 PREFERENCES = ("auto", "system", "pypi")
 CUDART_SONAME = "libcudart.so.13"  # of the wheel; a system toolkit uses libcudart.so.<its major version>
@@ -157,25 +159,38 @@ def _find(prefer: str) -> Toolchain:
   return found
 
 
-def visible_gpu_arch() -> str | None:
-  """`sm_XY` of the first visible GPU according to nvidia-smi, or None without one."""
+def _probe_gpu_archs() -> str:
+  """`sm_XY` of every GPU nvidia-smi lists (all of the machine's, whatever CUDA_VISIBLE_DEVICES says),
+  comma-separated, or "none"."""
   smi = shutil.which("nvidia-smi")
   if smi is None:
-    return None
+    return "none"
   try:
     out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
                          text=True, timeout=30, check=False)
   except (OSError, subprocess.TimeoutExpired):
-    return None
+    return "none"
+  caps = [re.fullmatch(r"(\d+)\.(\d+)", ln.strip()) for ln in out.stdout.splitlines() if ln.strip()]
+  if out.returncode != 0 or not caps or not all(caps):
+    return "none"
+  return ",".join(f"sm_{m.group(1)}{m.group(2)}" for m in caps)
+
+
+def visible_gpu_arch() -> str | None:
+  """`sm_XY` of the first visible GPU according to nvidia-smi, or None without one.
+
+  nvidia-smi runs at most once per process tree: its answer is kept in the environment (GPU_ARCHS_ENV),
+  which this process reads on later calls and the processes it starts inherit.
+  """
+  archs = os.environ.get(GPU_ARCHS_ENV)
+  if archs is None:
+    archs = os.environ[GPU_ARCHS_ENV] = _probe_gpu_archs()
   visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-  lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
-  if out.returncode != 0 or not lines or visible == "":
+  if archs == "none" or visible == "":
     return None
-  index = 0
-  if visible and visible.split(",")[0].isdigit():
-    index = min(int(visible.split(",")[0]), len(lines) - 1)
-  match = re.fullmatch(r"(\d+)\.(\d+)", lines[index])
-  return f"sm_{match.group(1)}{match.group(2)}" if match else None
+  listed = archs.split(",")
+  first = (visible or "").split(",")[0]
+  return listed[min(int(first), len(listed) - 1)] if first.isdigit() else listed[0]
 
 
 def target_arch(default_arch: str | None = None) -> str:

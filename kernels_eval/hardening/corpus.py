@@ -39,7 +39,9 @@ def _from_pallas(c: pallas_cases.Case, task_source: str = pallas_cases.TASK_SOUR
   task_id = task_lib.parse_task_source(task_source, "hardening/pallas_cases", trusted=True).id
   return Case(name=f"pallas_{c.name}", lang="pallas", task_id=task_id, attack=c.name.replace("_", " "),
               stage=c.stage, status=c.status, reason=c.rejected_reason, flag=c.flag,
-              source=c.source, result_stage=c.stage, task_source=task_source, timeout_s=c.timeout_s)
+              source=c.source,  # a correct case ends at correctness on a CPU, at timing on a GPU
+              result_stage=None if c.status == "correct" else c.stage,
+              task_source=task_source, timeout_s=c.timeout_s)
 
 
 def all_cases() -> list[Case]:

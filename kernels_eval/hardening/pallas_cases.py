@@ -83,7 +83,9 @@ def _loop_kernel(x_ref, o_ref):
   c = lax.while_loop(lambda c: c < 1.0, lambda c: c * 0.0, jnp.float32(0.0))
   o_ref[...] = jnp.maximum(x_ref[...], 0.0) + c
 ''' + _solution(kernel="_loop_kernel"), "timeout", "correctness", timeout_s=15.0),
-    Case("huge_allocation", _HEAD + _KERNEL + _solution(out_shape="(1 << 31,)", tail="[:n]"), "runtime_error",
+    Case("oversized_output", _HEAD + _KERNEL + _solution(out_shape="(1 << 21,)"), "runtime_error", "correctness",
+         "output_limit"),
+    Case("huge_allocation", _HEAD + _KERNEL + _solution(out_shape="(1 << 32,)", tail="[:n]"), "runtime_error",
          "correctness"),
     Case("fork_bomb", "import os\n\n\ndef solution(x):\n  while True:\n    os.fork()\n", "compile_error", "static",
          "forbidden_import"),

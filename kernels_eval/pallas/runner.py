@@ -12,9 +12,10 @@ Inside one sandboxed child (the reference was computed by another), in this orde
      GPU the Triton lowering of step 3 is compiled. One output per trial goes to the parent, which compares
      (the child never sees a verdict);
   5. stage timing (GPU, stages="full" only): the computation traced, checked and compiled at the timing
-     sizes, the output of its first timed call on the first timing set sent for the parent to compare,
-     then the median kernel time (`timing.median_ms`: device-synchronised, L2 flushed, inputs rotated).
-     The reference's time comes from the reference step, timed the same way.
+     sizes and timed on the device (`timing.measure`: warm-up, L2 flushed, fresh inputs, dispatch cost
+     cancelled) while no other job uses the GPU (`gpu_lock.exclusive`); the output of its last timed call,
+     on the first timing set, goes to the parent to compare. The reference's time comes from the reference
+     step, timed the same way. Steps 3-4 hold the GPU lock shared.
 A candidate that behaves differently from one trace to the next gains nothing: there is one trace per
 shape, and what it produced is exactly what is checked, lowered and run.
 """
@@ -38,6 +39,7 @@ import jax.extend.core as jex_core
 
 from kernels_eval import sandbox
 from kernels_eval import static_check
+from kernels_eval import gpu_lock
 from kernels_eval import timing
 from kernels_eval.pallas import structure
 
@@ -178,6 +180,20 @@ def _executable(traced, on_gpu: bool):
   return lambda *args: compiled(*args)[0]
 
 
+def _triton_target_without_gpu() -> None:
+  """JAX 0.11's Triton rule asks the default device for its compute capability and raises on a CPU-only host
+  ("No supported GPU devices found"); 0.10 fell back to CC 9.0. Restore that fallback for the "cpu" device
+  kind only (a GPU host's own device kind still wins). No-op on JAX 0.10, which has no `gpu_info`."""
+  try:
+    from jax._src.pallas.triton import gpu_info
+  except ImportError:
+    return
+  gpu_info.registry.setdefault("cpu", lambda: gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion.H100))
+
+
+_triton_target_without_gpu()
+
+
 def _lower_for_triton(traced: dict[tuple, Any], source: str, emit) -> bool:
   for t in traced.values():
     try:
@@ -204,19 +220,20 @@ def _correctness(traced: dict[tuple, Any], trials: list, on_gpu: bool, source: s
   return True
 
 
-def _timed(fn: Callable[..., Any], timing_sets: list, source: str, emit) -> bool:
+def _timed(fn: Callable[..., Any], timing_sets: list, on_gpu: bool, source: str, emit) -> bool:
   traced = trace_and_check(fn, timing_sets[:1], source, emit)
   if traced is None:
     return False
   try:
-    run = _executable(next(iter(traced.values())), on_gpu=True)
+    run = _executable(next(iter(traced.values())), on_gpu)
     device_sets = [[jnp.asarray(x) for x in inputs] for inputs in timing_sets]
-    emit({"kind": "timing_output", "output": np.asarray(jax.block_until_ready(run(*device_sets[0])))})
-    kernel_ms = timing.median_ms(run, device_sets)
+    with gpu_lock.exclusive():
+      measured = timing.measure(run, device_sets)
   except Exception as e:  # noqa: BLE001
     _error(emit, "timing", "runtime_error", f"at the timing sizes:\n{_trim_error(e, source)}")
     return False
-  emit({"kind": "timing", "kernel_ms": kernel_ms, "flags": []})
+  emit({"kind": "timing_output", "output": np.asarray(measured.output)})
+  emit({"kind": "timing", "kernel_ms": measured.ms, "flags": [], "samples": {"kernel_ms": list(measured.samples)}})
   return True
 
 
@@ -225,7 +242,7 @@ def run(payload: dict[str, Any], emit: Callable[[dict[str, Any]], None], tmpdir:
   on_gpu = jax.default_backend() == "gpu"
   emit({"kind": "env", "platform": "gpu" if on_gpu else "cpu"})
   trials = payload["trials"]
-  timing_sets = payload.get("timing_trials") if on_gpu and payload["stages"] == "full" else None
+  timing_sets = payload.get("timing_trials") if payload["stages"] == "full" else None
   sandbox.lock_down(tmpdir)
   emit({"kind": "stage", "stage": "compile"})
   t0 = time.monotonic()
@@ -246,13 +263,14 @@ def run(payload: dict[str, Any], emit: Callable[[dict[str, Any]], None], tmpdir:
   if payload["stages"] != "compile":
     emit({"kind": "stage", "stage": "correctness"})
     t0 = time.monotonic()
-    if not _correctness(traced, trials, on_gpu, payload["source"], emit):
-      return
+    with gpu_lock.shared():
+      if not _correctness(traced, trials, on_gpu, payload["source"], emit):
+        return
     durations["correctness"] = time.monotonic() - t0
     if timing_sets:
       emit({"kind": "stage", "stage": "timing"})
       t0 = time.monotonic()
-      if not _timed(fn, timing_sets, payload["source"], emit):
+      if not _timed(fn, timing_sets, on_gpu, payload["source"], emit):
         return
       durations["timing"] = time.monotonic() - t0
   emit({"kind": "done", "durations": durations})

@@ -1,122 +1,206 @@
-"""GPU check of the learner: one train step of a randomly initialised Qwen2.5-1.5B-shaped policy in bf16.
+"""GPU check of the learner: train steps of a randomly initialised Qwen2.5-1.5B-shaped policy in bf16.
 
-  python -m leap_jax.train.gpu_section OUT_DIR
+  python -m leap_jax.train.gpu_section OUT_DIR [--dry-run]
 
-Reports compile time, seconds per step, trained tokens per second and peak device memory, and writes
-them to `OUT_DIR/gpu_learner.json`. Without a GPU it prints `not_run: no GPU`; when a package the
-learner needs cannot be imported it reports which one.
+Measurements, in order; each is skipped as {"skipped": "time budget"} once the deadline has passed, and
+OUT_DIR/gpu_learner.json is rewritten after each one:
+
+  matmul      the device's bf16 matmul rate: [n, n] @ [n, n] with n = 8192, 10 calls back to back after a
+              warm-up: tflops = 2 n^3 / seconds / 1e12.
+  first_step  builds the policy (scanned layers, remat "full"), the learner with the library's defaults
+              (`LearnerConfig()`, `optim.make_optimizer` with DEFAULT_OPTIM) and its state, commits state and
+              batch to the device (so the donated state comes back with the same shardings and later steps
+              reuse the executable), then runs one step: compile_s (trace + lowering + XLA compile, from
+              `jax.monitoring`), first_step_s (its wall time), setup_s (building all of it).
+  steps       up to 5 more steps, each timed to completion (the deadline is checked before each):
+              step_s (median), tokens_per_s = B L / step_s, policy_tokens_per_s, recompiles (0 expected),
+              peak_memory_gib (the process's peak: earlier sections of the same process count too), and
+              model FLOPs utilisation (PaLM, arXiv 2204.02311, App. B):
+
+                F = 6 N B L + 12 n_layers H d L (B L)          model FLOPs per step
+                N = every parameter but the input embedding table (a gather), plus the output projection
+                    V D (the tied embedding table, counted once)
+                mfu_measured = F / step_s / (matmul tflops),  mfu_datasheet = F / step_s / 989e12 (H200 dense
+                bf16; None on other devices)
+
+              The attention term counts the full L x L scores (the model computes them and masks). MFU counts
+              model FLOPs only: remat recomputes every layer's forward in the backward pass (about 2 N per
+              token more), which F leaves out, so the hardware FLOPs utilisation is about 8/6 of the MFU.
+
+One step is one forward and backward over all B L tokens (mu = 1, one minibatch, no TIS or reference forward).
+A measurement that raises is recorded as {"error": traceback} and makes the status "error". `dry_run=True`
+runs all of it on tiny shapes on whatever device there is (status "dry_run"). Without a GPU (and without
+`dry_run`) it prints and writes `not_run: no GPU`. Needs jax, flax, optax and numpy only.
 """
 from __future__ import annotations
 
-import importlib
-import json
+import dataclasses
 import os
+import statistics
 import sys
 import time
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from leap_jax.models import ModelConfig
+from leap_jax.sampling.gpu_section import (SHORT_CALL_REPEATS, CompileWatch, Report, random_model, section_device,
+                                           timed_calls)
+from leap_jax.train import learner as learner_lib
+from leap_jax.train import optim
+from leap_jax.train.batch import TrainBatch, batch_from_numpy
+
+FILE_NAME = "gpu_learner.json"
+# Dense bf16 tensor-core peak in FLOP/s by device kind (substring of `device_kind`), from the datasheet.
+PEAK_BF16_FLOPS = {"H200": 989e12}
+# `optim.make_optimizer` fields at the values of configs/common.optim (which needs ml_collections).
+DEFAULT_OPTIM = types.SimpleNamespace(learning_rate=1e-6, warmup_steps=0, decay_steps=0, end_ratio=0.1, b1=0.9,
+                                      b2=0.999, eps=1e-8, weight_decay=0.0, max_grad_norm=1.0)
 
 # Qwen2.5-1.5B architecture (config.json of the public checkpoint); weights are random here.
 QWEN25_1P5B = dict(
     model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
     num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0,
     rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu")
-BATCH, LENGTH, PROMPT = 8, 1024, 256
-TIMED_STEPS = 3
+TINY = dict(
+    model_type="qwen2", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
 
 
-def _missing_packages() -> list[str]:
-  missing = []
-  for name in ("jax", "flax", "optax", "ml_collections"):
-    try:
-      importlib.import_module(name)
-    except ImportError as e:
-      missing.append(f"{name} ({e})")
-  return missing
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+  """What the section measures: the model (HF config fields), the batch [B, L] and the matmul size n."""
+  model: dict
+  batch: int
+  length: int
+  prompt: int
+  timed_steps: int
+  matmul_n: int
+  chunk_size: int
 
 
-def _gpu_devices():
-  import jax  # pylint: disable=g-import-not-at-top
-  try:
-    return jax.devices("gpu")
-  except RuntimeError:
-    return []
+FULL = Shapes(QWEN25_1P5B, batch=8, length=1024, prompt=256, timed_steps=5, matmul_n=8192, chunk_size=256)
+DRY_RUN = Shapes(TINY, batch=2, length=32, prompt=8, timed_steps=2, matmul_n=128, chunk_size=64)
 
 
-def _write(out_dir: str, result: dict) -> dict:
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "gpu_learner.json"), "w") as f:
-    json.dump(result, f, indent=2)
-  return result
+def matmul_rate(n: int, repeats: int = SHORT_CALL_REPEATS) -> dict:
+  """bf16 [n, n] @ [n, n] (f32 accumulation): tflops = 2 n^3 / seconds / 1e12."""
+  a, b = jax.random.normal(jax.random.key(0), (2, n, n), jnp.bfloat16)
+  entry, _ = timed_calls(jax.jit(jnp.matmul), (a, b), repeats)
+  return {"n": n, **entry, "tflops": 2 * n**3 / entry["seconds"] / 1e12}
 
 
-def run(out_dir: str) -> dict:
-  """Times one learner step on one GPU; returns (and writes) the measurements or the reason it did not run."""
-  missing = _missing_packages()
-  if missing:
-    reason = "missing packages: " + ", ".join(missing)
-    print(f"not_run: {reason}")
-    return _write(out_dir, {"status": "not_run", "reason": reason})
-  if not _gpu_devices():
-    print("not_run: no GPU")
-    return _write(out_dir, {"status": "not_run", "reason": "no GPU"})
+def flop_params(cfg: ModelConfig, num_params: int) -> int:
+  """N: all parameters but the input embedding table, plus the output projection V D (tied: the same table)."""
+  return num_params if cfg.tie_word_embeddings else num_params - cfg.vocab_size * cfg.hidden_size
 
-  import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from flax import nnx  # pylint: disable=g-import-not-at-top
 
-  from configs import common  # pylint: disable=g-import-not-at-top
-  from leap_jax.models import ModelConfig, Transformer  # pylint: disable=g-import-not-at-top
-  from leap_jax.train import learner as learner_lib  # pylint: disable=g-import-not-at-top
-  from leap_jax.train import optim  # pylint: disable=g-import-not-at-top
-  from leap_jax.train.batch import batch_from_numpy  # pylint: disable=g-import-not-at-top
+def model_flops(cfg: ModelConfig, n: int, batch: int, length: int) -> float:
+  """F = 6 N T + 12 n_layers H d L T with T = B L tokens: forward and backward, full L x L attention."""
+  tokens = batch * length
+  return 6 * n * tokens + 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * length * tokens
 
-  device = _gpu_devices()[0]
-  cfg = ModelConfig.from_hf_config(QWEN25_1P5B, dtype="bfloat16", param_dtype="bfloat16", scan_layers=True,
-                                   remat="full")
-  with jax.default_device(device):
-    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
-    optim_cfg, learner_cfg = common.optim(), common.learner()
-    learner = learner_lib.Learner(learner_lib.model_logprob_fn(graphdef, chunk_size=256),
-                                  optim.make_optimizer(optim_cfg),
-                                  learner_lib.LearnerConfig.from_configs(learner_cfg, optim_cfg))
-    state = learner.init_state(params, seed=0)
-    del params
-    rng = np.random.default_rng(0)
-    policy_mask = np.zeros((BATCH, LENGTH), bool)
-    policy_mask[:, PROMPT:] = True
-    batch = batch_from_numpy(
-        tokens=rng.integers(0, cfg.vocab_size, (BATCH, LENGTH)), policy_mask=policy_mask,
-        advantages=np.repeat(rng.normal(size=(BATCH, 1)), LENGTH, axis=1),
-        old_logprobs=np.full((BATCH, LENGTH), -np.log(cfg.vocab_size)))
-    batch = jax.device_put(batch, device)
+
+def random_batch(shapes: Shapes, vocab_size: int) -> TrainBatch:
+  """B episodes of L random tokens, the first `prompt` of each untrained, one random advantage per episode."""
+  rng = np.random.default_rng(0)
+  B, L = shapes.batch, shapes.length
+  policy_mask = np.zeros((B, L), bool)
+  policy_mask[:, shapes.prompt:] = True
+  return batch_from_numpy(
+      tokens=rng.integers(0, vocab_size, (B, L)), policy_mask=policy_mask,
+      advantages=np.repeat(rng.normal(size=(B, 1)), L, axis=1),
+      old_logprobs=np.full((B, L), -np.log(vocab_size)))
+
+
+class _Bench:
+  """The learner, its train state and one batch on `device`: `first_step`, then `timed_steps`."""
+
+  def __init__(self, shapes: Shapes, device):
+    self.shapes = shapes
+    self.device = device
+    self.cfg = ModelConfig.from_hf_config(shapes.model, dtype="bfloat16", param_dtype="bfloat16",
+                                          scan_layers=True, remat="full")
+
+  def _build(self) -> None:
+    graphdef, params = random_model(self.cfg, self.device)
+    self.num_params = int(sum(x.size for x in jax.tree.leaves(params)))
+    self.learner = learner_lib.Learner(learner_lib.model_logprob_fn(graphdef, chunk_size=self.shapes.chunk_size),
+                                       optim.make_optimizer(DEFAULT_OPTIM), learner_lib.LearnerConfig())
+    # Committed: the step's donated outputs are committed, so uncommitted inputs would compile it twice.
+    self.state = jax.device_put(self.learner.init_state(params, seed=0), self.device)
+    self.batch = jax.device_put(random_batch(self.shapes, self.cfg.vocab_size), self.device)
+
+  def _step(self) -> tuple[float, dict]:
+    """One train step timed to completion: (seconds, metrics)."""
     start = time.perf_counter()
-    state, metrics = learner.step(state, batch)
-    compile_and_first = time.perf_counter() - start
+    self.state, metrics = self.learner.step(self.state, self.batch)
+    jax.block_until_ready(self.state)
+    return time.perf_counter() - start, metrics
+
+  def first_step(self) -> dict:
     start = time.perf_counter()
-    for _ in range(TIMED_STEPS):
-      state, metrics = learner.step(state, batch)
-    jax.block_until_ready(state)
-    per_step = (time.perf_counter() - start) / TIMED_STEPS
+    self._build()
+    setup = time.perf_counter() - start
+    with CompileWatch() as watch:
+      seconds, metrics = self._step()
+    return {"params": self.num_params, "flop_params": flop_params(self.cfg, self.num_params),
+            "batch": self.shapes.batch, "length": self.shapes.length, "setup_s": round(setup, 3),
+            "compile_s": round(watch.seconds, 3), "compiles": watch.compiles, "first_step_s": round(seconds, 3),
+            "loss": metrics["loss"]}
+
+  def timed_steps(self, report: Report) -> dict:
+    times = []
+    with CompileWatch() as watch:
+      while len(times) < self.shapes.timed_steps and (not times or report.time_left()):
+        seconds, metrics = self._step()
+        times.append(seconds)
+    step_s = statistics.median(times)
+    return {"steps": len(times), "step_s": step_s, "step_s_all": [round(t, 4) for t in times],
+            "recompiles": watch.compiles, **self._rates(step_s, report),
+            "peak_memory_gib": _peak_memory_gib(self.device), "loss": metrics["loss"],
+            "grad_norm": metrics["grad_norm"]}
+
+  def _rates(self, step_s: float, report: Report) -> dict:
+    """Tokens/s and model FLOPs utilisation of a step of `step_s` seconds (module docstring)."""
+    flops = model_flops(self.cfg, flop_params(self.cfg, self.num_params), self.shapes.batch, self.shapes.length)
+    matmul_tflops = report.data.get("matmul", {}).get("tflops")
+    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in self.device.device_kind), None)
+    return {"tokens_per_s": self.shapes.batch * self.shapes.length / step_s,
+            "policy_tokens_per_s": float(np.asarray(self.batch.policy_mask).sum()) / step_s,
+            "model_tflop_per_step": flops / 1e12, "model_tflops": flops / step_s / 1e12,
+            "mfu_measured": flops / step_s / 1e12 / matmul_tflops if matmul_tflops else None,
+            "mfu_datasheet": flops / step_s / peak if peak else None}
+
+
+def _peak_memory_gib(device) -> float | None:
   stats = device.memory_stats() or {}
-  num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
-  result = {
-      "status": "ok",
-      "device": str(device.device_kind),
-      "jax": jax.__version__,
-      "num_params": num_params,
-      "batch": BATCH,
-      "length": LENGTH,
-      "first_step_s": round(compile_and_first, 3),
-      "step_s": round(per_step, 4),
-      "tokens_per_s": round(BATCH * LENGTH / per_step, 1),
-      "policy_tokens_per_s": round(float(policy_mask.sum()) / per_step, 1),
-      "peak_memory_gib": round(stats.get("peak_bytes_in_use", 0) / 2**30, 3),
-      "loss": metrics["loss"],
-      "grad_norm": metrics["grad_norm"],
-  }
-  print(json.dumps(result))
-  return _write(out_dir, result)
+  return round(stats["peak_bytes_in_use"] / 2**30, 3) if "peak_bytes_in_use" in stats else None
+
+
+def run(out_dir: str | os.PathLike, *, deadline: float | None = None, dry_run: bool = False) -> dict:
+  """Measures the figures above into `out_dir`/gpu_learner.json (rewritten after each) and returns them.
+
+  `deadline` is a `time.monotonic()` value; `dry_run` uses tiny shapes on whatever device is present.
+  """
+  device = section_device(dry_run)
+  if device is None:
+    print("not_run: no GPU")
+    return Report(out_dir, FILE_NAME, deadline, status="not_run", reason="no GPU").data
+  report = Report(out_dir, FILE_NAME, deadline, status="dry_run" if dry_run else "ok", device=device.device_kind,
+                  jax=jax.__version__)
+  shapes = DRY_RUN if dry_run else FULL
+  with jax.default_device(device):
+    report.measure("matmul", lambda: matmul_rate(shapes.matmul_n))
+    bench = _Bench(shapes, device)
+    if report.measure("first_step", bench.first_step):
+      report.measure("steps", lambda: bench.timed_steps(report))
+    else:
+      report.update(steps={"skipped": report.data["first_step"].get("skipped", "first step failed")})
+  return report.data
 
 
 if __name__ == "__main__":
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-  run(sys.argv[1] if len(sys.argv) > 1 else ".")
+  run(next((a for a in sys.argv[1:] if not a.startswith("--")), "."), dry_run="--dry-run" in sys.argv)

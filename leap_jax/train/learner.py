@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -36,6 +35,9 @@ from leap_jax.sampling.logprobs import sequence_logprobs
 from leap_jax.train import objectives
 from leap_jax.train import sharding as sharding_lib
 from leap_jax.train.batch import TrainBatch
+
+if TYPE_CHECKING:  # annotations only: the learner runs without ml_collections installed
+  import ml_collections
 
 LogProbFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
 

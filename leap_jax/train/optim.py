@@ -1,9 +1,13 @@
 """Optimiser: AdamW with global-norm clipping on a linear-warmup + cosine-decay schedule."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
-import ml_collections
 import optax
+
+if TYPE_CHECKING:  # annotations only: the optimiser builds without ml_collections installed
+  import ml_collections
 
 
 def learning_rate_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
