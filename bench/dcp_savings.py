@@ -3,15 +3,18 @@
   python bench/dcp_savings.py --config configs/default.py [--config.steps=3 ...]
 
 Prints per step the generated rows and tokens, evaluator calls and wall time of each method, the
-ratios leap / other, and at the end the held-out Acc@1 and Acc@T of each (launch/eval.py's
-evaluation). Each method trains in `<workdir>/dcp_savings/<method>` from the same starting policy
-(the SFT checkpoint is trained once, in `<workdir>/sft`, when `sft.enabled`).
+ratios leap / other, the held-out Acc@1 and Acc@T of each at the end (launch/eval.py's evaluation), and,
+from each run's held-out curve (`heldout.every`, at least 1 here), the training cost at which each method
+first reached each Acc@1 level and the time to equal Acc@1 (other / leap at the highest level all
+reached). Each method trains in `<workdir>/dcp_savings/<method>` from the same starting policy (the SFT
+checkpoint is trained once, in `<workdir>/sft`, when `sft.enabled`).
 """
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from leap_jax.metrics import curves  # noqa: E402
 from leap_jax.train import loop  # noqa: E402
 from leap_jax.train import sft  # noqa: E402
 
@@ -23,7 +26,7 @@ def main(argv):
   base = loop.parse_config(argv)
   if base.sft.enabled and not loop.has_sft_checkpoint(base):
     sft.cold_start(base, echo=lambda s: print(s, flush=True))
-  histories, accuracy = {}, {}
+  histories, accuracy, heldout_curves = {}, {}, {}
   for method in METHODS:
     cfg = base.copy_and_resolve_references()
     cfg.method = method
@@ -31,9 +34,11 @@ def main(argv):
     cfg.workdir = str(loop.workdir(base) / "dcp_savings" / method)
     cfg.precheck.enabled = False
     cfg.heldout.at_end = False
+    cfg.heldout.every = max(cfg.heldout.every, 1)
     print(f"== {method}", flush=True)
     histories[method] = loop.train(cfg, echo=lambda s: print(s, flush=True)).history
     accuracy[method] = loop.evaluate_checkpoint(cfg, echo=lambda s: print(s, flush=True))
+    heldout_curves[method] = curves.read_curve(loop.workdir(cfg))
 
   print("\nper step: " + ", ".join(COLUMNS))
   for step in range(min(len(h) for h in histories.values())):
@@ -52,6 +57,24 @@ def main(argv):
   turns = base.heldout.num_turns
   print("\nheld-out: " + " | ".join(f"{method} Acc@1={accuracy[method]['Acc@1']:.3f} "
                                      f"Acc@{turns}={accuracy[method][f'Acc@{turns}']:.3f}" for method in METHODS))
+  print_equal_accuracy(heldout_curves)
+
+
+def print_equal_accuracy(heldout_curves: dict) -> None:
+  """The cost (seconds / generated tokens / evaluator calls) at which each method first reached each held-out
+  Acc@1 level, and the time to equal Acc@1."""
+  print("\ncost to first reach held-out Acc@1 (seconds / tokens / evaluator calls; - never)")
+  for row in curves.equal_accuracy_table(heldout_curves):
+    cells = [f"{m} " + ("-" if row[m] is None else "/".join(f"{row[m][k]:.0f}" for k in curves.COSTS))
+             for m in heldout_curves]
+    print(f"Acc@1 >= {row['level']:.3f}: " + " | ".join(cells))
+  equal = curves.time_to_equal_accuracy(heldout_curves, "leap")
+  if equal is None:
+    print("time to equal Acc@1: no method improved on the starting Acc@1")
+    return
+  print(f"time to equal Acc@1 = {equal['level']:.3f}: " + ", ".join(
+      f"{m} / leap = {r['cumulative/seconds']:.2f}x time, {r['cumulative/generated_tokens']:.2f}x tokens, "
+      f"{r['cumulative/evaluator_calls']:.2f}x evaluator calls" for m, r in equal["ratio"].items() if m != "leap"))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ def learner() -> ml_collections.ConfigDict:
   c.tis_cap = 0.0             # > 0: truncated importance weight min(pi_learner / pi_sampler, tis_cap) on each token,
   #                             and the PPO ratio is taken against the learner's own log-probs at batch start.
   c.kl_beta = 0.0             # weight of the k3 KL penalty to a frozen reference; 0 skips the reference forward.
+  c.ref_dtype = ""            # the reference's parameter dtype: "" = the policy's, "bfloat16" halves its memory.
   c.aggregation = "token_mean"  # "token_mean" | "sequence_mean" (GRPO) | "constant" (Dr. GRPO, divides by norm_length).
   c.norm_length = 0           # per-episode token budget for "constant"; 0 = the batch's padded length L.
   c.shuffle = True            # reshuffle episodes into minibatches at every pass.

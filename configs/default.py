@@ -89,6 +89,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.heldout.levels = (0, 1)
   c.heldout.num_turns = 3
   c.heldout.at_end = True  # run the held-out evaluation after the last step
+  c.heldout.every = 2  # also before the first step and every N steps: Acc@k against cost (0: only at the end)
+  c.heldout.temperature = 0.0  # greedy: the papers' Acc@k is one trajectory per problem
 
   c.mesh = ml_collections.ConfigDict()
   c.mesh.enabled = False  # shard the learner over a ("data", "fsdp", "tensor") mesh

@@ -79,9 +79,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.probe.l2s = (1e-3, 1e-2, 1e-1)
   c.probe.hidden = 0  # > 0: one-hidden-layer MLP probe of this width
   c.probe.steps = 500
-  c.probe.heldout_fraction = 0.25
+  c.probe.cv_folds = 5  # grouped cross-validation folds (fewer when there are fewer groups)
+  c.probe.cv_groups = "reference"  # tasks sharing a normalised reference share a fold; "family": an op family
+  c.probe.alpha = 0.05  # eligible: AUROC lower bound at level alpha / #candidates above 0.5 (probe/selection.py)
+  c.probe.allow_ineligible = False  # train_generator.py: True trains on a probe with no demonstrated skill
   c.probe.rvp_samples = 16  # base-generator generations over which RVP (reward variance) is measured
-  c.probe.r_bad = -0.2
+  c.probe.r_bad = -0.2  # on the reward scale: std units of the probe's logits over the RVP sample's valid tasks
   c.probe.max_tokens = 2048  # rendered task text cut to this many tokens
   c.probe.second_probe = ""  # path of another probe .npz: reward = min over both (worst case)
 

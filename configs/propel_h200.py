@@ -1,6 +1,9 @@
 """PROPEL at paper scale on one H200: thousands of labelled tasks, K = 8, RVP over 512 samples.
 
-  python launch/build_corpus.py --config configs/propel_h200.py
+The generator is a local HF folder of an instruct model of a few billion parameters, which writes the task format
+as asked without a cold-start SFT; it is required (the embedded 135M model answers in prose without its SFT):
+
+  python launch/build_corpus.py --config configs/propel_h200.py --config.generator.model.base=/path/to/HF-folder
 """
 import ml_collections
 
@@ -11,6 +14,7 @@ def get_config() -> ml_collections.ConfigDict:
   c = propel_cpu.get_config()
   c.scale = "paper"
   c.workdir = "workdirs/propel_h200"
+  c.generator.model.base = ""  # required: --config.generator.model.base=<local HF folder> (probe/pipeline.py checks)
   c.generator.model.dtype = "bfloat16"
   c.generator.levels = (1, 2, 3)
   c.generator.num_shots = 2

@@ -35,6 +35,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.sft.batch_size = 2
   c.precheck.enabled = False
   c.heldout.at_end = False
+  c.heldout.every = 0
   c.heldout.num_turns = 2
   c.optim.learning_rate = 1e-3
   c.checkpoint.every = 1

@@ -1,8 +1,11 @@
 """Fit and select the PROPEL probe: `python launch/fit_probe.py --config configs/propel_cpu.py [--relabel]`.
 
 Reads the corpus (launch/build_corpus.py), extracts the frozen reference generator's pooled activations of each
-valid task, fits a probe per (layer, L2), scores it on a held-out split and by RVP over a fixed sample of
-base-generator generations, and saves the RVP-best probe to <workdir>/probe/probe.npz with report.json.
+valid task, fits a probe per (layer, L2), scores it by grouped cross-validation (eligible only when a lower
+confidence bound on its AUROC is above 0.5) and by RVP over a fixed sample of base-generator generations, and saves
+the RVP-best eligible probe, its reward scale set on that sample, to <workdir>/probe/probe.npz with report.json
+(probe/selection.py). With no eligible probe it says so and saves the one of largest AUROC lower bound, marked
+ineligible: launch/train_generator.py refuses it unless --config.probe.allow_ineligible=True.
 
 --relabel: first re-runs K solver attempts on the corpus's tasks with the configured solver (e.g. a LEAP
 checkpoint trained since the corpus was labelled) into <corpus>-relabel-<solver>, then fits on those labels.
@@ -89,7 +92,8 @@ def main(argv):
   model, tokenizer = pipeline.load_generator(cfg, echo)
   layers = tuple(cfg.probe.layers) or (activations.default_layer(model.config.num_layers),)
   rows = rvp_sample(cfg, model, tokenizer, echo)
-  texts = [activations.task_text(task_lib.parse_task_source(r.text, "<corpus>"), cfg.lang) for r in labelled]
+  tasks = [task_lib.parse_task_source(r.text, "<corpus>") for r in labelled]
+  texts = [activations.task_text(t, cfg.lang) for t in tasks]
   rvp_texts = [activations.task_text(task_lib.parse_task_source(r["text"], "<rvp>"), cfg.lang)
                for r in rows if r["valid"]]
   features, rvp_features = {}, {}
@@ -98,8 +102,9 @@ def main(argv):
     features[layer] = extractor(texts)
     rvp_features[layer] = extractor(rvp_texts) if rvp_texts else np.zeros((0, extractor.width), np.float32)
   best, table = selection.fit_and_select(
-      features, y, rate, rvp_features, rvp_invalid=sum(not r["valid"] for r in rows), l2s=tuple(cfg.probe.l2s),
-      hidden=cfg.probe.hidden, r_bad=cfg.probe.r_bad, heldout_fraction=cfg.probe.heldout_fraction, seed=cfg.seed,
+      features, y, rate, selection.task_groups(tasks, cfg.probe.cv_groups), rvp_features,
+      rvp_invalid=sum(not r["valid"] for r in rows), l2s=tuple(cfg.probe.l2s), hidden=cfg.probe.hidden,
+      r_bad=cfg.probe.r_bad, num_folds=cfg.probe.cv_folds, alpha=cfg.probe.alpha, seed=cfg.seed,
       steps=cfg.probe.steps)
   out = pipeline.probe_dir(cfg)
   out.mkdir(parents=True, exist_ok=True)
@@ -111,8 +116,15 @@ def main(argv):
   (out / "report.json").write_text(json.dumps(report, indent=1, default=float))
   for row in table:
     echo("  " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-  echo(f"chosen probe (max RVP): layer {best['layer']}, l2 {best['l2']:g} -> {out / 'probe.npz'} "
-       + pipeline.scale_note(cfg))
+  if best["eligible"]:
+    echo(f"chosen probe (max RVP among eligible): layer {best['layer']}, l2 {best['l2']:g}, AUROC lower bound "
+         f"{best['auroc_lower']:.3f} -> {out / 'probe.npz'} " + pipeline.scale_note(cfg))
+  else:
+    echo(f"NO ELIGIBLE PROBE: no candidate's AUROC lower bound (grouped {best['n_folds']}-fold CV, "
+         f"{best['n_groups']} groups, level {best['alpha']:.2g}) is above 0.5, so none has shown skill; saved the "
+         f"one of largest bound ({best['auroc_lower']:.3f}: layer {best['layer']}, l2 {best['l2']:g}) marked "
+         "ineligible, which launch/train_generator.py refuses unless --config.probe.allow_ineligible=True "
+         + pipeline.scale_note(cfg))
 
 
 if __name__ == "__main__":

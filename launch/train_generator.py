@@ -1,9 +1,11 @@
 """PROPEL generator RL: `python launch/train_generator.py --config configs/propel_cpu.py [--config.<f>=<v> ...]`.
 
-GRPO on the generator with reward = probe logit (min over two probes with `probe.second_probe`) of each valid
-generated task, r_bad otherwise, and a k3 KL to the frozen reference (learner.kl_beta). Before the first step,
-every `rl.audit_every` steps and at the end, M fixed-seed generations are audited with real solver runs (same
-solver and pass definition as the corpus). Valid generated tasks are exported to a task folder that
+GRPO on the generator with reward = the probe logit on its reward scale (min over two probes with
+`probe.second_probe`) of each valid generated task, r_bad otherwise, and a k3 KL to the frozen reference
+(learner.kl_beta). A probe without demonstrated skill (fit_probe.py marks it ineligible) is refused unless
+--config.probe.allow_ineligible=True. Before the first step, every `rl.audit_every` steps and at the end, M
+fixed-seed generations are audited with real solver runs (same solver and pass definition as the corpus), with
+the diversity of the valid tasks (Self-BLEU, distinct-3). Valid generated tasks are exported to a task folder that
 `kernels_eval.load_tasks(folder)` reads. Checkpoints and metrics go to <workdir>/generator.
 """
 import json
@@ -24,9 +26,9 @@ from leap_jax.train.optim import make_optimizer  # noqa: E402
 from probe import corpus  # noqa: E402
 from probe import generator  # noqa: E402
 from probe import generator_rl  # noqa: E402
-from probe import linear  # noqa: E402
 from probe import pipeline  # noqa: E402
 from probe import reward as reward_lib  # noqa: E402
+from probe import selection  # noqa: E402
 
 AUDIT_SEED_OFFSET = 1 << 21  # audit task j uses task_seed(seed, AUDIT_SEED_OFFSET + j) at every audit
 
@@ -34,13 +36,14 @@ AUDIT_SEED_OFFSET = 1 << 21  # audit task j uses task_seed(seed, AUDIT_SEED_OFFS
 def main(argv):
   cfg = loop.parse_config(argv)
   echo = lambda s: print(s, flush=True)  # noqa: E731
-  probe_path = pipeline.probe_dir(cfg) / "probe.npz"
-  if not probe_path.is_file():
-    raise SystemExit(f"error: no probe at {probe_path}; run launch/fit_probe.py first")
-  chosen = json.loads((pipeline.probe_dir(cfg) / "report.json").read_text())["chosen"]
-  probes = [linear.load_probe(probe_path)]
-  if cfg.probe.second_probe:
-    probes.append(linear.load_probe(cfg.probe.second_probe))
+  paths = [pipeline.probe_dir(cfg) / "probe.npz"] + ([cfg.probe.second_probe] if cfg.probe.second_probe else [])
+  try:
+    loaded = [selection.usable_probe(p, allow_ineligible=cfg.probe.allow_ineligible) for p in paths]
+  except ValueError as e:
+    raise SystemExit(f"error: {e}") from e
+  probes, chosen = [p for p, _ in loaded], loaded[0][1]
+  if any(c["layer"] != chosen["layer"] for _, c in loaded):
+    raise SystemExit(f"error: the probes read layers {[c['layer'] for _, c in loaded]}; the reward extracts one")
   model, tokenizer = pipeline.load_generator(cfg, echo)
   source = pipeline.make_source(cfg, model, tokenizer)
   graphdef = source.sampler.graphdef

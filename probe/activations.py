@@ -8,12 +8,17 @@ the text's tokens:
 
   f = sum_t m_t h_l[t] / sum_t m_t,   m_t = 1 for real tokens.
 
-Features are cached on disk as `<cache_dir>/<model_id>/layer<l>/<sha256(text)>.npy`.
+Features are cached on disk as `<cache_dir>/<model_id>/<key>/<sha256(text)>.npy`, where key hashes everything
+else a feature depends on (`cache_key`, also written to `key.json` there): the weights' fingerprint
+(`weights_fingerprint`), the compute dtype, the layer, the pooling and the token cut, so that another model under
+the same name (a retrained checkpoint in the same folder) or another setting misses instead of reading stale
+features.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import pathlib
 import re
@@ -25,6 +30,44 @@ import numpy as np
 from flax import nnx
 
 from leap_jax.sampling.sampler import bucket_length
+
+
+POOLING = "mean"  # the masked mean of the module docstring, the only pooling; part of the cache key
+_UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
+
+
+@jax.jit
+def _leaf_digest(x: jax.Array) -> jax.Array:
+  """uint32[2]: sum_i b_i m_i mod 2^32 for two odd multiplier sequences m_i, b_i = the bits of element i.
+
+  Multiplying by an odd number is a bijection mod 2^32, so changing any one element changes both sums; other
+  changes leave both unchanged with probability about 2^-64. Runs where the weights live (no host copy).
+  """
+  bits = jax.lax.bitcast_convert_type(x, _UINT[x.dtype.itemsize]).astype(jnp.uint32).ravel()
+  i = jnp.arange(bits.size, dtype=jnp.uint32)
+  first = jnp.sum(bits * (2 * i + 1), dtype=jnp.uint32)
+  second = jnp.sum(bits * ((i * jnp.uint32(0x9E3779B1)) | 1), dtype=jnp.uint32)
+  return jnp.stack([first, second])
+
+
+def weights_fingerprint(params) -> str:
+  """Hex fingerprint of a parameter pytree: every leaf's path, shape, dtype and `_leaf_digest`."""
+  h = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    h.update(f"{jax.tree_util.keystr(path)}|{leaf.shape}|{leaf.dtype}|".encode())
+    h.update(np.asarray(_leaf_digest(leaf)).tobytes())
+  return h.hexdigest()[:32]
+
+
+def cache_key(*, weights: str, dtype: str, layer: int, max_tokens: int) -> dict[str, Any]:
+  """What a cached feature depends on besides the text and the model's name (`cache_folder` hashes it)."""
+  return {"weights": weights, "dtype": dtype, "layer": int(layer), "pooling": POOLING, "max_tokens": int(max_tokens)}
+
+
+def cache_folder(cache_dir: str | os.PathLike, model_id: str, key: dict[str, Any]) -> pathlib.Path:
+  """<cache_dir>/<model_id, path-safe>/<first 16 hex digits of sha256(key as sorted JSON)>."""
+  digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+  return pathlib.Path(cache_dir) / re.sub(r"[^A-Za-z0-9_.-]+", "_", model_id) / digest
 
 
 def default_layer(num_layers: int) -> int:
@@ -48,7 +91,7 @@ class ActivationExtractor:
   Args:
     model: a `leap_jax.models.Transformer` (not modified).
     tokenizer: has `encode(text, add_special_tokens=False)`.
-    model_id: names the model in cache keys (e.g. "smollm2-135m-instruct" or a checkpoint path + step).
+    model_id: names the model's cache folder (e.g. "smollm2-135m-instruct"); the cache key is its weights.
     layer: residual stream index in [1, num_layers]; None = `default_layer`.
     cache_dir: feature cache folder; None disables caching.
     max_tokens: texts are cut to this many tokens.
@@ -67,8 +110,13 @@ class ActivationExtractor:
     self.max_tokens = int(max_tokens)
     self.batch_size = int(batch_size)
     self.width = model.config.hidden_size
-    safe_id = re.sub(r"[^A-Za-z0-9_.-]+", "_", model_id)
-    self.cache = None if cache_dir is None else pathlib.Path(cache_dir) / safe_id / f"layer{self.layer}"
+    self.cache = None
+    if cache_dir is not None:
+      key = cache_key(weights=weights_fingerprint(self.params), dtype=model.config.dtype, layer=self.layer,
+                      max_tokens=self.max_tokens)
+      self.cache = cache_folder(cache_dir, model_id, key)
+      self.cache.mkdir(parents=True, exist_ok=True)
+      (self.cache / "key.json").write_text(json.dumps(key, sort_keys=True) + "\n")
 
   def _path(self, text: str) -> pathlib.Path:
     return self.cache / f"{hashlib.sha256(text.encode('utf-8')).hexdigest()}.npy"

@@ -9,7 +9,8 @@ and every completion token of row r carries A[p, g]; the KL to the frozen refere
 Audit (every N steps): M tasks from the current generator, each valid one solved K times by the corpus
 solver; reports, over all M generations,
   frontier_utility = #(valid and a <= passes <= b) / M,   validity = #valid / M,
-and over the valid ones the all-solved share and the share of the most common op family (collapse detector).
+and over the valid ones the all-solved share, the share of the most common op family (collapse detector) and
+the diversity of their task files, Self-BLEU and distinct-3 (`diversity`).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from leap_jax.rewards import grpo_advantages
 from leap_jax.sampling.sampler import bucket_length
 from leap_jax.train import batch as batch_lib
 from probe import corpus as corpus_lib
+from probe import diversity
 from probe import generator as generator_lib
 
 
@@ -116,5 +118,7 @@ def audit(source, params, checker: generator_lib.TaskChecker, solver, seeds: Seq
   metrics = {"audit/frontier_utility": sum(r.label for r in valid) / len(records),
              "audit/validity": len(valid) / len(records),
              "audit/all_solved_share": float(np.mean([r.passes == r.attempts for r in valid])) if valid else 0.0,
-             "audit/top_family_share": _top_share([r.family for r in valid])}
+             "audit/top_family_share": _top_share([r.family for r in valid]),
+             "audit/self_bleu": diversity.self_bleu([r.text for r in valid]),
+             "audit/distinct_3": diversity.distinct_n([r.text for r in valid], 3)}
   return metrics, records

@@ -10,6 +10,10 @@ full-batch Adam on the class-balanced, L2-regularised logistic loss
   w_c = N / (2 N_c),
 
 with f_theta(z) = z . w + b (linear) or relu(z W1 + b1) . w2 + b2 (MLP). Biases are not regularised.
+
+The generator's reward reads a probe on a standard scale, r = (f_theta(z) - shift) / scale, with shift and scale
+the mean and standard deviation of its logits over the reference generator's valid tasks (`with_reward_scale`), so
+that a fixed r_bad for invalid tasks means the same for every probe.
 """
 from __future__ import annotations
 
@@ -29,19 +33,25 @@ class ProbeParams:
 
   mean, scale: f32[d] standardisation statistics.
   weights: {"w": f32[d], "b": f32[]} (linear) or {"w1": f32[d, H], "b1": f32[H], "w2": f32[H], "b2": f32[]}.
+  reward_shift, reward_scale: f32[] reward standardisation (`with_reward_scale`); None until it is set.
   """
   mean: jax.Array
   scale: jax.Array
   weights: dict[str, jax.Array]
+  reward_shift: jax.Array | None = None
+  reward_scale: jax.Array | None = None
 
   def to_numpy(self) -> dict[str, np.ndarray]:
     flat = {"mean": self.mean, "scale": self.scale, **{f"weights/{k}": v for k, v in self.weights.items()}}
+    if self.reward_scale is not None:
+      flat.update(reward_shift=self.reward_shift, reward_scale=self.reward_scale)
     return {k: np.asarray(v) for k, v in flat.items()}
 
   @classmethod
   def from_numpy(cls, arrays: dict[str, Any]) -> "ProbeParams":
     weights = {k.split("/", 1)[1]: jnp.asarray(v) for k, v in arrays.items() if k.startswith("weights/")}
-    return cls(mean=jnp.asarray(arrays["mean"]), scale=jnp.asarray(arrays["scale"]), weights=weights)
+    reward = {k: jnp.asarray(arrays[k]) for k in ("reward_shift", "reward_scale") if k in arrays}
+    return cls(mean=jnp.asarray(arrays["mean"]), scale=jnp.asarray(arrays["scale"]), weights=weights, **reward)
 
 
 def save_probe(path, params: ProbeParams) -> None:
@@ -93,6 +103,23 @@ def probe_predict(params: ProbeParams, features) -> jax.Array:
   """Probe logits: f32[N, d] -> f32[N]."""
   z = (jnp.asarray(features, jnp.float32) - params.mean) / params.scale
   return _forward(params.weights, z)
+
+
+def with_reward_scale(params: ProbeParams, reference_logits) -> ProbeParams:
+  """Sets the reward scale from raw logits f32[M] of the reference generator's valid tasks (M >= 2):
+  shift = mean, scale = standard deviation (at least 1e-6)."""
+  ref = np.asarray(reference_logits, np.float64)
+  if ref.ndim != 1 or ref.size < 2:
+    raise ValueError(f"the reward scale needs logits of at least 2 valid reference tasks, got shape {ref.shape}")
+  return params.replace(reward_shift=jnp.float32(ref.mean()), reward_scale=jnp.float32(max(ref.std(), 1e-6)))
+
+
+def probe_reward_logits(params: ProbeParams, features) -> jax.Array:
+  """Reward-scale logits f32[N] = (probe_predict - reward_shift) / reward_scale; raw logits without a scale."""
+  logits = probe_predict(params, features)
+  if params.reward_scale is None:
+    return logits
+  return (logits - params.reward_shift) / params.reward_scale
 
 
 def _init_weights(d: int, hidden: int, key: jax.Array) -> dict[str, jax.Array]:

@@ -7,6 +7,7 @@ All functions take host arrays: labels {0,1}[N], logits f32[N], solve rates s/K 
   Spearman = Pearson correlation of average ranks
   ECE = sum_b (n_b / N) |mean_b sigmoid(logit) - mean_b y| over `bins` equal-width probability bins
   RVP = Var_i r_i, r_i = probe logit of base-generator task i if valid else r_bad (all samples, invalid included)
+  AUROC lower bound = the alpha quantile of AUROC over bootstrap resamples of whole groups (`auroc_lower_bound`)
 """
 from __future__ import annotations
 
@@ -50,6 +51,43 @@ def auroc(labels, logits) -> float:
   r = average_ranks(s)
   n_pos, n_neg = int(y.sum()), int((1 - y).sum())
   return float((r[y == 1].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def weighted_auroc(labels, logits, weights) -> np.ndarray:
+  """AUROC with sample weights, one value per row of weights f[B, N] (NaN where a class has zero weight):
+
+    sum_{i pos, j neg} w_i w_j (1[s_i > s_j] + 1[s_i = s_j] / 2) / (sum_pos w * sum_neg w).
+  """
+  y, s = np.asarray(labels).astype(np.float64), np.asarray(logits, np.float64)
+  order = np.argsort(s, kind="mergesort")
+  w = np.atleast_2d(np.asarray(weights, np.float64))[:, order]
+  starts = np.flatnonzero(np.r_[True, np.diff(s[order]) != 0])  # runs of tied logits
+  pos = np.add.reduceat(w * y[order], starts, axis=1)  # [B, runs]
+  neg = np.add.reduceat(w * (1.0 - y[order]), starts, axis=1)
+  below = np.cumsum(neg, axis=1) - neg
+  num = np.sum(pos * (below + 0.5 * neg), axis=1)
+  den = pos.sum(1) * neg.sum(1)
+  return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def auroc_lower_bound(labels, logits, groups, *, alpha: float = 0.05, replicates: int = 2000,
+                      seed: int = 0) -> float:
+  """One-sided (1 - alpha) lower confidence bound on AUROC: the alpha quantile of AUROC over `replicates`
+  bootstrap resamples that draw whole groups with replacement (tasks of a group are not independent).
+
+  Args:
+    labels: {0,1}[N]; logits: f32[N] (e.g. out-of-fold logits); groups: [N] hashable group of each task.
+  """
+  y, s = _binary(labels, logits, "auroc_lower_bound")
+  _, g = np.unique(np.asarray(groups), return_inverse=True)
+  if not 0 < alpha < 1 or g.max() < 1:
+    raise ValueError(f"auroc_lower_bound needs 0 < alpha < 1 and at least 2 groups, got alpha={alpha}, "
+                     f"{g.max() + 1} group(s)")
+  n_groups = g.max() + 1
+  draws = np.random.default_rng(seed).integers(0, n_groups, size=(replicates, n_groups))
+  counts = np.zeros((replicates, n_groups))
+  np.add.at(counts, (np.arange(replicates)[:, None], draws), 1.0)
+  return float(np.nanquantile(weighted_auroc(y, s, counts[:, g]), alpha))
 
 
 def spearman(a, b) -> float:

@@ -66,9 +66,24 @@ def generator_sft_dir(cfg) -> pathlib.Path:
   return workdir(cfg) / "generator_sft"
 
 
+def check_generator_model(cfg) -> None:
+  """Raises a clear error when `generator.model.base` is unset (configs/propel_h200.py leaves it to the command
+  line) or names no embedded model, folder or file."""
+  base = cfg.generator.model.base
+  if not base:
+    raise ValueError("generator.model.base is not set: pass a local HF folder of an instruct model, e.g. "
+                     "--config.generator.model.base=/path/to/Qwen2.5-3B-Instruct (configs/propel_h200.py runs "
+                     "no cold-start SFT, and the embedded 135M model answers the generator prompt in prose "
+                     "without it)")
+  if base not in pretrained.EMBEDDED and base != "random" and not os.path.exists(base):
+    raise FileNotFoundError(f"generator.model.base {base!r} does not exist: pass a local HF folder "
+                            "(config.json, safetensors, tokenizer files)")
+
+
 def generator_id(cfg) -> str:
   """Names the frozen reference generator: the base model, and its cold-start SFT when enabled (with a hash
   of the suite task files it learns from, so a change of the task format names a new generator)."""
+  check_generator_model(cfg)
   g = cfg.generator
   if not g.sft.enabled:
     return model_id(g.model)
@@ -80,6 +95,7 @@ def generator_id(cfg) -> str:
 def load_generator(cfg, echo=print):
   """(Transformer, tokenizer) of the frozen reference generator: `generator.model`, or its cold-start SFT
   (`generator.sft`, probe/generator_sft.py) trained into <workdir>/generator_sft on first use."""
+  check_generator_model(cfg)
   g = cfg.generator
   if not g.sft.enabled:
     return load_model(g.model, cfg.seed)

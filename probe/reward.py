@@ -1,9 +1,11 @@
 """The generator's probe reward.
 
-  r(task) = min_j probe_j(f(task))   if the task is valid,   r_bad otherwise,
+  r(task) = min_j (probe_j(f(task)) - shift_j) / scale_j   if the task is valid,   r_bad otherwise,
 
-with f the pooled reference-model activations of the rendered task (`activations`) and one probe (or two, for
-the worst-case option).
+with f the pooled reference-model activations of the rendered task (`activations`), one probe (or two, for
+the worst-case option), and each probe's reward scale (`linear.with_reward_scale`: its logits standardised over
+the reference generator's valid tasks, so r_bad is in the same units for every probe; a probe without a scale
+gives raw logits, and `launch/train_generator.py` refuses such a probe).
 """
 from __future__ import annotations
 
@@ -35,9 +37,9 @@ class ProbeReward:
     self.r_bad = float(r_bad)
 
   def logits(self, tasks) -> np.ndarray:
-    """f32[n] worst-case probe logit of parsed tasks."""
+    """f32[n] worst-case reward-scale probe logit of parsed tasks."""
     feats = self.extractor([activations_lib.task_text(t, self.lang) for t in tasks])
-    return np.min(np.stack([np.asarray(linear.probe_predict(p, feats)) for p in self.probes]), axis=0)
+    return np.min(np.stack([np.asarray(linear.probe_reward_logits(p, feats)) for p in self.probes]), axis=0)
 
   def __call__(self, checked) -> np.ndarray:
     """f32[n] rewards of checked generations."""

@@ -79,10 +79,10 @@ def test_dry_run_rejects_bad_values():
     loop.dry_run(cfg)
 
 
-def test_propel_configs_name_generator_levels_and_solver():
+def test_propel_configs_name_generator_levels_and_solver(tmp_path):
   from probe import pipeline  # pylint: disable=import-outside-toplevel
   cpu = _parse("--config.generator.sft.steps=3", config="configs/propel_cpu.py")
-  gpu = _parse(config="configs/propel_h200.py")
+  gpu = _parse(f"--config.generator.model.base={tmp_path}", config="configs/propel_h200.py")
   assert tuple(cpu.generator.levels) == (0,) and tuple(gpu.generator.levels) == (1, 2, 3)
   assert tuple(cpu.corpus.band) == (1, 7) and tuple(gpu.corpus.band) == (1, 3)
   assert cpu.solver.model.base == "workdirs/default/policy" and gpu.solver.model.base == "workdirs/h200/policy"
@@ -91,6 +91,18 @@ def test_propel_configs_name_generator_levels_and_solver():
   cpu.solver.model.base = "no/such/folder"
   with pytest.raises(FileNotFoundError, match="solver.model.base 'no/such/folder' does not exist"):
     pipeline.make_solver(cpu, evaluator=None)
+
+
+def test_propel_h200_requires_a_generator_folder(tmp_path):
+  from probe import pipeline  # pylint: disable=import-outside-toplevel
+  gpu = _parse(f"--config.workdir={tmp_path}", config="configs/propel_h200.py")
+  for needs_generator in (pipeline.generator_id, pipeline.load_generator):
+    with pytest.raises(ValueError, match=r"generator.model.base is not set.*--config.generator.model.base="):
+      needs_generator(gpu)
+  gpu = _parse(f"--config.workdir={tmp_path}", "--config.generator.model.base=no/such/folder",
+               config="configs/propel_h200.py")
+  with pytest.raises(FileNotFoundError, match="generator.model.base 'no/such/folder' does not exist"):
+    pipeline.load_generator(gpu)
 
 
 def test_generator_sft_folder_must_hold_this_configs_generator(tmp_path):

@@ -223,6 +223,27 @@ def test_reference_forward_only_when_kl_beta_positive(tiny, on_policy_batch):
   assert len(calls) == 1  # precomputed reference log-probs: no reference forward
 
 
+def test_kl_term_adds_beta_times_the_logged_kl_to_a_frozen_bf16_reference(tiny, on_policy_batch):
+  """The reference is another random init (so KL > 0), cast to bf16: the loss with kl_beta = 0.05 is the loss
+  with kl_beta = 0 plus 0.05 x the logged KL. Under a mesh the reference is sharded like the policy."""
+  _, params, logprob_fn = tiny
+  other = nnx.state(Transformer(ModelConfig.from_hf_config(TINY), rngs=nnx.Rngs(1)))
+  _, plain = _run(tiny, on_policy_batch, steps=1)
+  learner = _learner(logprob_fn, kl_beta=0.05)
+  ref = learner.reference_params(other, dtype="bfloat16")
+  assert {x.dtype for x in jax.tree.leaves(ref)} == {jnp.dtype(jnp.bfloat16)}
+  _, with_kl = learner.step(learner.init_state(params, seed=0), on_policy_batch, ref)
+  assert with_kl["kl_ref"] > 1e-3 and with_kl["pg_loss"] == pytest.approx(plain[0]["pg_loss"], rel=1e-5)
+  assert with_kl["loss"] - plain[0]["loss"] == pytest.approx(0.05 * with_kl["kl_ref"], rel=1e-3)
+  mesh = model_sharding.make_mesh(2, 2, 2)
+  specs = model_sharding.partition_specs(params, mesh)
+  sharded = _new_learner(logprob_fn, mesh, kl_beta=0.05)
+  policy = sharded.init_state(params, 0, specs).params
+  for r, p in zip(jax.tree.leaves(sharded.reference_params(params, specs)), jax.tree.leaves(policy), strict=True):
+    assert r.sharding == p.sharding and r.dtype == p.dtype
+  assert any(not x.sharding.is_fully_replicated for x in jax.tree.leaves(policy))
+
+
 def test_bad_batches_are_named(tiny, on_policy_batch):
   _, params, logprob_fn = tiny
   with pytest.raises(ValueError, match="advantages"):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kernels_eval.schema import STATUS_CODE, STATUSES
+from leap_jax.metrics import curves
 from leap_jax.metrics import rollout_stats
 from leap_jax.metrics.episodes import EpisodeDumper, read_episodes
 from leap_jax.metrics.plots import plot_workdir
@@ -81,6 +82,26 @@ def test_rollout_metrics_bundle_and_shape_errors():
     rollout_stats.rollout_metrics(success, keep, active[:1], rewards, adv, status)
 
 
+def test_group_recovery_counts_turn1_failures_fixed_later_in_activated_groups():
+  """Two activated groups and one pruned; first-pass turns per sample (F: never):
+  group 0 [1, 2, 3, F], group 1 [F, F, 1, 1] (its last sample invalid), group 2 (pruned) [F, 1, 1, 1]."""
+  first = np.array([[1, 2, 3, 0], [0, 0, 1, 1], [0, 1, 1, 1]])  # 0: no pass
+  success = np.stack([first == t for t in (1, 2, 3)], axis=-1)
+  keep = np.ones((3, 4, 3), bool)
+  keep[2, :, 1:] = False
+  active = np.array([True, True, False])
+  valid = np.ones((3, 4), bool)
+  valid[1, 3] = False
+  m = rollout_stats.group_recovery(success, keep, active, valid)
+  # Turn-1 failures of activated groups: group 0 samples 1-3, group 1 samples 0-1 -> 5; fixed at 2: 1, at 3: 1.
+  assert m == {"recovery/fixed_at_turn_2": 1 / 5, "recovery/fixed_at_turn_3": 1 / 5,
+               "recovery/groups_any_fixed": 1 / 2}
+  assert math.isnan(rollout_stats.group_recovery(success, keep, np.zeros(3, bool))["recovery/groups_any_fixed"])
+  bundle = rollout_stats.rollout_metrics(success, keep, active, np.zeros((3, 4)), np.zeros((3, 4, 3)),
+                                         np.zeros((3, 4, 3), np.int32), valid)
+  assert bundle["recovery/groups_any_fixed"] == 1 / 2
+
+
 def test_writer_jsonl_tensorboard_and_resume_overwrite(tmp_path):
   with MetricsWriter(tmp_path, total_steps=3, progress_bar=True) as w:
     w.write(1, {"loss": np.float32(0.5), "reward/mean": 0.1, "time/rollout": 2.0, "time/learner": 1.0})
@@ -107,15 +128,43 @@ def test_episode_dumps(tmp_path):
     dumper.maybe_dump(4, [{"turns": [{"code": "x"}]}])
 
 
+def test_heldout_curve_costs_resume_and_the_cost_to_equal_accuracy(tmp_path):
+  cost = curves.zero_cost()
+  for step, acc in enumerate([0.2, 0.2, 0.4, 0.6]):
+    curves.append_point(tmp_path, step, cost, {"Acc@1": acc, "Acc@3": acc + 0.1, "seconds": 99.0})
+    cost = curves.add_step_cost(cost, {"time/step": 10.0, "cost/generated_tokens": 100, "cost/evaluator_calls": 4})
+  curve = curves.read_curve(tmp_path)
+  assert curve[2] == {"step": 2, "cumulative/seconds": 20.0, "cumulative/generated_tokens": 200.0,
+                      "cumulative/evaluator_calls": 8.0, "Acc@1": 0.4, "Acc@3": 0.5}
+  assert curves.cost_to_reach(curve, 0.3)["cumulative/seconds"] == 20.0 and curves.cost_to_reach(curve, 0.7) is None
+  assert curves.resumed_cost([{"step": 0, **curve[3]}]) == {k: curve[3][k] for k in curves.COSTS}
+  curves.start_curve(tmp_path, first_step=1)  # a run resumed at step 1 recomputes the later points
+  assert [p["step"] for p in curves.read_curve(tmp_path)] == [0, 1]
+  other = [{"step": s, "cumulative/seconds": 30.0 * s, "cumulative/generated_tokens": 0.0,
+            "cumulative/evaluator_calls": 0.0, "Acc@1": a} for s, a in enumerate([0.2, 0.4])]
+  table = curves.equal_accuracy_table({"leap": curve, "other": other})
+  assert [row["level"] for row in table] == [0.2, 0.4, 0.6]
+  assert table[1]["leap"]["cumulative/seconds"] == 20.0 and table[1]["other"]["cumulative/seconds"] == 30.0
+  assert table[2]["other"] is None
+  equal = curves.time_to_equal_accuracy({"leap": curve, "other": other}, "leap")
+  assert equal["level"] == 0.4 and equal["ratio"]["other"]["cumulative/seconds"] == 1.5
+  assert curves.time_to_equal_accuracy({"leap": curve[:1], "other": other[:1]}, "leap") is None
+
+
 def test_plots_and_plot_cli(tmp_path):
   with MetricsWriter(tmp_path, tensorboard=False, progress_bar=False) as w:
     for step in range(1, 6):
       w.write(step, {"loss": 1.0 / step, "reward/mean": 0.1 * step, "pass_rate/turn_1": 0.1 * step,
                      "pass_rate/turn_2": 0.12 * step, "groups/activated_share": 0.4, "time/rollout": 3.0,
                      "time/learner": 1.0})
+  cost = curves.zero_cost()
+  for step in range(0, 6, 2):
+    curves.append_point(tmp_path, step, cost, {"Acc@1": 0.1 * step, "Acc@2": 0.15 * step, "solved_by_turn": {}})
+    cost = curves.add_step_cost(cost, {"time/step": 10.0, "cost/generated_tokens": 500, "cost/evaluator_calls": 8})
   paths = plot_workdir(tmp_path)
   names = sorted(os.path.basename(p) for p in paths)
-  assert names == ["activated_groups.png", "loss.png", "pass_rate.png", "reward.png", "step_time.png"]
+  assert names == ["activated_groups.png", "heldout_vs_cost.png", "loss.png", "pass_rate.png", "reward.png",
+                   "step_time.png"]
   for p in paths:
     assert open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
   out = tmp_path / "cli"

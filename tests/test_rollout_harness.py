@@ -3,6 +3,7 @@
 The policy is the real batched Sampler on a tiny random model, wrapped so that every completion it
 returns is swapped for a fixed reply holding a code block; the evaluator is scripted with fixed
 outcomes per (task, episode, turn), so the expected rows and tokens follow from the keep rules.
+The per-turn credit and truncation tests at the end use a model-free double (`ContextPolicy`).
 """
 import dataclasses
 
@@ -17,7 +18,7 @@ from leap_jax import rewards
 from leap_jax.rollout import batching
 from leap_jax.rollout import methods
 from leap_jax.rollout import prompts
-from leap_jax.rollout.harness import STATUS_NAMES, TRUNCATED
+from leap_jax.rollout.harness import NOT_GENERATED, STATUS_NAMES, TRUNCATED
 from leap_jax.sampling import Completion
 from leap_jax.train import loop
 
@@ -232,3 +233,83 @@ def test_train_batch_can_drop_zero_advantage_episodes(setup):
   assert not np.asarray(full.policy_mask)[kept, length:].any()
   empty = batching.to_train_batch(batch, np.zeros_like(adv), drop_zero_advantage=True, row_multiple=2)
   assert np.asarray(empty.tokens).shape[0] == 2 and not np.asarray(empty.policy_mask).any()
+
+
+class ContextPolicy:
+  """A Sampler double without a model: every row replies `reply_ids` within `cache_len` tokens of context
+  (an episode's turns so far under the "episode" policy, its fresh prompt under "latest"); a reply that does not
+  fit is cut where the context ends and finishes as "truncated", as the Sampler's does."""
+
+  def __init__(self, reply_ids, cache_len):
+    self.reply_ids = np.asarray(reply_ids, np.int32)
+    self.cache_len = cache_len
+
+  def _reply(self, row, used):
+    ids = self.reply_ids[:max(self.cache_len - used, 0)]
+    reason = "stop" if len(ids) == len(self.reply_ids) else "truncated"
+    return Completion(row, ids, np.full(len(ids), -1.0, np.float32), reason)
+
+  def start(self, weights, prompts_, num_samples, key, **kw):
+    used = [len(prompts_[r // num_samples]) for r in range(len(prompts_) * num_samples)]
+    completions = [self._reply(r, n) for r, n in enumerate(used)]
+    return [n + len(c.tokens) for n, c in zip(used, completions)], completions
+
+  def continue_(self, weights, state, rows, new_turn_tokens, key, **kw):
+    state, completions = list(state), []
+    for r, ids in zip(rows, new_turn_tokens):
+      completions.append(self._reply(int(r), state[r] + len(ids)))
+      state[r] += len(ids) + len(completions[-1].tokens)
+    return state, completions
+
+
+class FailingEvaluator:
+  """Every verdict is wrong_output: no group solves, so every kept row asks for another turn."""
+
+  def evaluate_many(self, requests):
+    return [schema.EvalResult(status="wrong_output", stage="correctness", feedback="max abs error 1.0")
+            for _ in requests]
+
+
+@pytest.mark.parametrize("name", ["leap", "kevin", "trloo"])
+def test_each_turn_trains_on_its_own_advantage_under_both_contexts(setup, name):
+  cfg, policy, tasks, reply_ids = setup
+  method = methods.get_method(name)
+  if name == "leap":
+    method = dataclasses.replace(method, gamma=0.5)
+  for context in prompts.CONTEXT_POLICIES:
+    c = cfg.copy_and_resolve_references()
+    c.rollout.context = context
+    rollout = loop.make_rollout(c, policy, ScriptedEvaluator(), method, loop.rollout_settings(c),
+                                ContextPolicy(reply_ids, c.rollout.max_context_len))
+    batch = rollout.run(policy.params, tasks, step=0)
+    adv = methods.credit(method, batch.success, batch.keep, batch.valid, batch.speedup).advantages
+    assert any(len(set(adv[p, g][batch.keep[p, g]])) > 1 for p, g in np.ndindex(P, G))  # turns differ
+    train = batching.to_train_batch(batch, adv)
+    # Rows follow the episodes, and an episode's turns follow each other (in one row or one row each).
+    trained = np.asarray(train.advantages)[np.asarray(train.policy_mask)]
+    expected = np.concatenate([np.full(batch.tokens[p, g, t], adv[p, g, t])
+                               for p, g, t in np.ndindex(P, G, T) if batch.keep[p, g, t]])
+    np.testing.assert_array_equal(trained, expected)
+
+
+@pytest.mark.parametrize("num_turns", [3, 4])
+@pytest.mark.parametrize("name", ["leap", "leap_no_dcp"])
+def test_a_row_truncated_at_turn_1_stays_finished(setup, name, num_turns):
+  cfg, policy, tasks, reply_ids = setup
+  system = prompts.system_message("pallas")
+  # Task 0's prompt leaves room for half a reply, task 1's for none; task 2 fits every turn.
+  padded = [dataclasses.replace(t, statement=t.statement + " filler" * n) for t, n in zip(tasks, (400, 500, 0))]
+  lengths = [len(policy.chat.first_turn(kernels_eval.render_task(t, "pallas"), system)) for t in padded]
+  cache_len = lengths[0] + len(reply_ids) // 2
+  assert lengths[1] >= cache_len and lengths[2] + num_turns * 100 < cache_len
+  c = cfg.copy_and_resolve_references()
+  c.rollout.num_turns, c.dcp.t_min, c.dcp.t_max = num_turns, -1, -1  # all-fail groups expand
+  for context in prompts.CONTEXT_POLICIES:
+    c.rollout.context = context
+    rollout = loop.make_rollout(c, policy, FailingEvaluator(), methods.get_method(name), loop.rollout_settings(c),
+                                ContextPolicy(reply_ids, cache_len))
+    batch = rollout.run(policy.params, padded, step=0)
+    np.testing.assert_array_equal(batch.status[:2, :, 0], TRUNCATED)
+    np.testing.assert_array_equal(batch.status[:2, :, 1:], NOT_GENERATED)
+    assert batch.generated[0, :, 0].all() and not batch.generated[0, :, 1:].any() and not batch.generated[1].any()
+    assert batch.generated[2].all() and batch.valid.all()

@@ -59,7 +59,15 @@ def test_trloo_caps_speedup_and_uses_leave_one_out_per_turn():
   keep = np.ones_like(success)
   m = methods.get_method("trloo")
   out = methods.credit(m, success, keep, np.ones((1, 2), bool), np.full(success.shape, 10.0, np.float32))
-  np.testing.assert_allclose(out.advantages[0, :, 0], [4.0, -4.0])
+  np.testing.assert_allclose(out.advantages[0, :, 0], [2.0, -2.0])
+
+
+def test_trloo_score_is_half_correctness_plus_half_capped_speedup():
+  """Dr. Kernel's score 0.5*1[correct] + 0.5*min(speedup, 3): timed at 2x, capped at 3x, untimed, failed."""
+  success = np.array([[[True], [True], [True], [False]]])
+  speedup = np.array([[[2.0], [10.0], [np.nan], [2.0]]], np.float32)
+  scores = methods.turn_scores(methods.get_method("trloo"), success, speedup)
+  np.testing.assert_allclose(scores[0, :, 0], [1.5, 2.0, 0.5, 0.0])
 
 
 def test_kevin_caps_speedup_and_a_suspicious_speedup_scores_nothing():

@@ -67,6 +67,9 @@ def run(tmp_path_factory):
   cfg.precheck.after = True
   cfg.precheck.samples_per_task = 2
   cfg.heldout.at_end = True
+  cfg.heldout.every = 2  # a held-out point before RL and after step 2, which the end of training reuses
+  cfg.metrics.plot_at_end = True
+  cfg.learner.kl_beta = 0.05  # KL to the frozen starting policy (the loop once passed no reference)
   replays = []
 
   def make(policy):
@@ -82,7 +85,7 @@ def test_two_steps_train_on_mixed_groups(run):
   assert [row["step"] for row in result.history] == [0, 1]
   pool = loop.select_tasks(cfg.tasks.lang, cfg.tasks.levels, cfg.tasks.split)
   heldout = loop.select_tasks(cfg.tasks.lang, cfg.heldout.levels, cfg.heldout.split)
-  assert replay.replayed == 2 * cfg.rollout.num_problems + 2 * len(pool) + len(heldout)
+  assert replay.replayed == 2 * cfg.rollout.num_problems + 2 * len(pool) + 2 * len(heldout)
   for m in result.history:
     assert m["status/correct"] > 0  # the real evaluator accepted the replayed trusted solutions
     assert m["pass_rate/turn_1"] == pytest.approx(0.5)
@@ -91,6 +94,16 @@ def test_two_steps_train_on_mixed_groups(run):
     assert m["groups/activated_share"] == 1.0  # G=2, one failure: t_min = 1 <= 1 <= t_max = 2
     assert m["cost/generated_rows"] > cfg.rollout.num_problems * cfg.rollout.group_size  # turn 2 happened
     assert np.isfinite(m["loss"]) and m["grad_norm"] > 0
+
+
+def test_kl_to_the_frozen_starting_policy(run):
+  """With kl_beta > 0 the reference is the starting policy: KL 0 at step 0 and > 0 once the policy moved; each
+  step's loss is its policy-gradient loss plus beta x the logged KL (token mean, one update per step)."""
+  cfg, result, _ = run
+  first, second = result.history
+  assert first["kl_ref"] == pytest.approx(0.0, abs=1e-7) and second["kl_ref"] > 1e-7
+  for m in result.history:
+    assert m["loss"] - m["pg_loss"] == pytest.approx(cfg.learner.kl_beta * m["kl_ref"], rel=1e-2, abs=1e-8)
 
 
 def test_parameters_changed_and_outputs_written(run):
@@ -117,6 +130,13 @@ def test_pass_rates_before_and_after_rl_and_heldout(run):
   assert json.loads((workdir / "postcheck.json").read_text())["pass_rate@1"] == pytest.approx(0.5)
   assert result.heldout["Acc@1"] == result.heldout["Acc@2"] == 1.0
   assert all(turn == 1 for turn in result.heldout["solved_by_turn"].values())
+  curve = [json.loads(line) for line in (workdir / "heldout_curve.jsonl").read_text().splitlines()]
+  assert [p["step"] for p in curve] == [0, 2] and curve[0]["cumulative/seconds"] == 0.0
+  steps = result.history
+  assert curve[1]["cumulative/generated_tokens"] == sum(m["cost/generated_tokens"] for m in steps) > 0
+  assert curve[1]["cumulative/evaluator_calls"] == steps[-1]["cumulative/evaluator_calls"] > 0
+  assert steps[-1]["heldout/Acc@1"] == 1.0 and "heldout/Acc@1" not in steps[0]
+  assert (workdir / "plots" / "heldout_vs_cost.png").exists()
 
 
 def test_final_policy_exported_and_latest_checkpoint_restored(run):

@@ -1,4 +1,4 @@
-"""PNG curves of a workdir's `metrics.jsonl` (matplotlib, Agg backend)."""
+"""PNG curves of a workdir's `metrics.jsonl` and `heldout_curve.jsonl` (matplotlib, Agg backend)."""
 from __future__ import annotations
 
 import os
@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after selecting the backend)
 import numpy as np  # noqa: E402
 
+from leap_jax.metrics import curves  # noqa: E402
 from leap_jax.metrics.writer import read_metrics  # noqa: E402
 
 PLOTS_DIR = "plots"
@@ -61,11 +62,32 @@ def _time_split(records, path) -> Optional[str]:
   return path
 
 
+def _accuracy_against_cost(curve, path) -> Optional[str]:
+  """Held-out Acc@k against each cumulative cost of training (seconds, generated tokens, evaluator calls)."""
+  keys = _keys(curve, r"Acc@\d+")
+  if len(curve) < 2 or not keys:
+    return None
+  fig, axes = plt.subplots(1, len(curves.COSTS), figsize=(12, 3.6), sharey=True)
+  for ax, cost in zip(axes, curves.COSTS):
+    for key in keys:
+      ax.plot([p[cost] for p in curve], [p[key] for p in curve], marker=".", label=key)
+    ax.set(xlabel=cost.split("/")[1].replace("_", " "))
+    ax.grid(alpha=0.3)
+  axes[0].set(ylabel="held-out accuracy")
+  axes[0].legend(fontsize=8)
+  fig.suptitle("held-out accuracy against training cost")
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
+
+
 def plot_workdir(workdir: str | os.PathLike, out_dir: Optional[str] = None) -> list[str]:
   """Writes the main curves as PNGs into `out_dir` (default `<workdir>/plots`); returns the paths written.
 
   Curves (each only when its metrics exist): pass rate by turn (pass_rate/turn_<k>), reward (reward/mean),
-  loss, activated-groups share (groups/activated_share, groups/signal_share), step-time split (time/<phase>).
+  loss, activated-groups share (groups/activated_share, groups/signal_share), step-time split (time/<phase>),
+  and held-out accuracy against training cost (`heldout_curve.jsonl`, `curves`).
   """
   records = read_metrics(workdir)
   out_dir = os.path.join(os.fspath(workdir), PLOTS_DIR) if out_dir is None else out_dir
@@ -79,5 +101,6 @@ def plot_workdir(workdir: str | os.PathLike, out_dir: Optional[str] = None) -> l
       _line_plot(records, ["groups/activated_share", "groups/signal_share"], "groups", "share of groups",
                  at("activated_groups.png")),
       _time_split(records, at("step_time.png")),
+      _accuracy_against_cost(curves.read_curve(workdir), at("heldout_vs_cost.png")),
   ]
   return [p for p in written if p is not None]

@@ -79,6 +79,30 @@ def turns_per_pass(success, keep, valid=None) -> float:
   return float(turns / passes) if passes else float("inf")
 
 
+def group_recovery(success, keep, active, valid=None) -> dict[str, float]:
+  """LEAP's per-group recovery among activated groups: what later turns fixed of turn 1's failures.
+
+  With F = valid samples of activated groups that were evaluated and failed at turn 1, and f[p,g] the turn of
+  their first later pass (none if never):
+    recovery/fixed_at_turn_<t> = #{F : f = t} / #F            for t = 2..T
+    recovery/groups_any_fixed  = #{activated groups with some f} / #{activated groups with some F}
+  NaN where the denominator is empty.
+  """
+  success = _check("success", success, 3).astype(bool)
+  keep = _check("keep", keep, 3, success.shape).astype(bool)
+  active = _check("active", active, 1, success.shape[:1]).astype(bool)
+  failed = active[:, None] & _valid(valid, success.shape[:2]) & keep[..., 0] & ~success[..., 0]  # [P, G]
+  hit = success & keep
+  first = np.where(hit.any(-1), np.argmax(hit, axis=-1), -1)  # [P, G] 0-based turn of the first pass
+  n_failed = failed.sum()
+  out = {f"recovery/fixed_at_turn_{t + 1}": float((failed & (first == t)).sum() / n_failed) if n_failed
+         else float("nan") for t in range(1, success.shape[-1])}
+  groups = failed.any(-1)
+  fixed = (failed & (first > 0)).any(-1)
+  out["recovery/groups_any_fixed"] = float(fixed.sum() / groups.sum()) if groups.any() else float("nan")
+  return out
+
+
 def status_histogram(status, keep, names: Sequence[str] = STATUSES) -> dict[str, int]:
   """Count of each status over kept turns: {name: count} for every name in `names` (code i is names[i])."""
   status = _check("status", status, 3)
@@ -115,7 +139,8 @@ def rollout_metrics(success, keep, active, rewards, advantages, status, valid=No
 
   Returns:
     pass_rate/turn_<k> (k = 1..T), groups/activated_share, groups/signal_share, turns/first_pass_mean,
-    turns/per_pass, turns/mean (kept turns per sample), status/<name> (share of kept turns),
+    turns/per_pass, turns/mean (kept turns per sample), recovery/* (`group_recovery`), status/<name> (share of
+    kept turns),
     reward/{mean,std,min,max} over valid samples, advantage/{...} over kept turns.
   """
   success = _check("success", success, 3).astype(bool)
@@ -128,6 +153,7 @@ def rollout_metrics(success, keep, active, rewards, advantages, status, valid=No
   out["turns/first_pass_mean"] = mean_first_pass_turn(success, keep, valid)
   out["turns/per_pass"] = turns_per_pass(success, keep, valid)
   out["turns/mean"] = float(keep[valid_mask].sum(-1).mean()) if valid_mask.any() else float("nan")
+  out.update(group_recovery(success, keep, active, valid))
   hist = status_histogram(status, keep, status_names)
   total = max(sum(hist.values()), 1)
   out.update({f"status/{k}": v / total for k, v in hist.items()})

@@ -39,23 +39,24 @@ def to_train_batch(batch: RolloutBatch, advantages: np.ndarray, *, pad_id: int =
   P, G, T = batch.generated.shape
   if advantages.shape != (P, G, T):
     raise ValueError(f"advantages have shape {advantages.shape}, expected [P,G,T]={(P, G, T)}")
-  records, owners = [], []
-  for e, segments in enumerate(batch.segments):
-    for segment in segments:
-      records.append(segment)
-      owners.append(e)
+  records, owners, first_turns = [], [], []
+  for e, (segments, firsts) in enumerate(zip(batch.segments, batch.first_turns)):
+    records += segments
+    owners += [e] * len(segments)
+    first_turns += firsts
   if drop_zero_advantage:
     p_all, g_all = np.divmod(np.asarray(owners), G)
     trained = batch.valid[p_all, g_all][:, None] & batch.keep[p_all, g_all] & (advantages[p_all, g_all] != 0)
     kept_records = [i for i in range(len(records)) if trained[i].any()]
     records, owners = [records[i] for i in kept_records], [owners[i] for i in kept_records]
+    first_turns = [first_turns[i] for i in kept_records]
   if not records:
     return _empty_batch(max(row_multiple, 1), length_multiple, pad_id)
   longest = max(1, max(len(r) for r in records))
   arrays = stack_episodes(records, length=_round_up(longest, length_multiple), pad_id=pad_id)
   owners = np.asarray(owners)
   p, g = np.divmod(owners, G)
-  turns = np.clip(arrays["turns"], 0, T - 1)
+  turns = np.clip(arrays["turns"] + np.asarray(first_turns)[:, None], 0, T - 1)  # padding is not trained
   token_adv = advantages[p[:, None], g[:, None], turns]
   policy = arrays["policy_mask"] & batch.valid[p, g][:, None] & batch.keep[p[:, None], g[:, None], turns]
   rows = _round_up(len(records), row_multiple)

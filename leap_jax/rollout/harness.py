@@ -109,7 +109,8 @@ class RolloutBatch:
   Shapes: P tasks, G episodes per task, T turns.
     task_ids: [P].
     segments: [P*G] lists of token records; "episode" context: one growing Episode per
-      episode; "latest": one Episode per turn.
+      episode; "latest": one Episode per turn. A record counts its turns from 0.
+    first_turns: [P*G] lists, the rollout turn each record of `segments` begins at (all 0 under "episode").
     codes, results: dicts (p, g, t) -> extracted code (or None) / final EvalResult of the turn.
     generated: bool[P,G,T] the turn was sampled.
     success: bool[P,G,T] status `correct`.
@@ -124,6 +125,7 @@ class RolloutBatch:
   """
   task_ids: list[str]
   segments: list[list[Episode]]
+  first_turns: list[list[int]]
   codes: dict[tuple[int, int, int], str | None]
   results: dict[tuple[int, int, int], schema.EvalResult]
   generated: np.ndarray
@@ -183,7 +185,7 @@ class Rollout:
     shape = (P, G, T)
     out = RolloutBatch(
         task_ids=[getattr(t, "id", str(i)) for i, t in enumerate(tasks)],
-        segments=[[Episode()] for _ in range(P * G)], codes={}, results={},
+        segments=[[Episode()] for _ in range(P * G)], first_turns=[[0] for _ in range(P * G)], codes={}, results={},
         generated=np.zeros(shape, bool), success=np.zeros(shape, bool),
         status=np.full(shape, NOT_GENERATED, np.int32), speedup=np.full(shape, np.nan, np.float32),
         truncated=np.zeros(shape, bool), valid=np.ones((P, G), bool), active=np.zeros(P, bool),
@@ -196,7 +198,7 @@ class Rollout:
       if t == 0:
         live = np.ones((P, G), bool)
       else:
-        live = methods_lib.next_turn(self.method, solved, out.active, out.valid) & ~out.truncated[:, :, t - 1]
+        live = methods_lib.next_turn(self.method, solved, out.active, out.valid) & ~out.truncated[:, :, :t].any(-1)
       rows = np.flatnonzero(live.reshape(-1))
       if not len(rows):
         break
@@ -266,6 +268,7 @@ class Rollout:
       if n:
         if s.context == "latest" and t > 0:
           out.segments[r].append(Episode())
+          out.first_turns[r].append(t)
         segment = out.segments[r][-1]
         segment.add_prompt(turn_ids)
         segment.add_completion(c.tokens, c.logprobs, c.finish_reason)

@@ -7,7 +7,7 @@
 | `grpo` | one turn only | 1[correct] | - | `grpo_advantages` (group mean/std) | turn 1 only |
 | `grpo_mt` | every unsolved valid sample continues until a pass or turn T | 1[correct at any kept turn] | - | `grpo_advantages` | the same value on every kept turn |
 | `kevin` | every valid sample gets all T turns, also after a pass | 0.3*1[correct] + min(speedup, 10) (speedup only where timed and correct; without timings it is 0.3*1[correct]) | 0.4 | `kevin_returns`, normalised over all kept turn samples of the task | per turn (returns are per turn) |
-| `trloo` | every unsolved valid sample continues until a pass or turn T | 1[correct] + min(speedup, 3) where timed and correct | 1.0 | `trloo_advantages` on `kevin_returns(gamma=1)` | per turn (leave-one-out baseline per turn index) |
+| `trloo` | every unsolved valid sample continues until a pass or turn T | 0.5*1[correct] + 0.5*min(speedup, 3) where timed and correct (Dr. Kernel; its profiling terms are left out) | 1.0 | `trloo_advantages` on `kevin_returns(gamma=1)` | per turn (leave-one-out baseline per turn index) |
 
 Success is status `correct` only (`EvalResult.success`); `not_run` never succeeds. A speedup the
 evaluator flags `suspicious_speedup` (above 10x) counts as not timed: it adds nothing to any score. Samples with
@@ -51,12 +51,14 @@ METHODS = {m.name: m for m in (
            "same value on every kept turn"),
     Method("kevin", "all_turns", "0.3*1[correct] + min(speedup, 10) where timed", 0.4,
            "kevin_returns normalised per task", "per turn"),
-    Method("trloo", "until_solved", "1[correct] + min(speedup, 3) where timed", 1.0,
+    Method("trloo", "until_solved", "0.5*1[correct] + 0.5*min(speedup, 3) where timed", 1.0,
            "trloo_advantages(kevin_returns(gamma=1))", "per turn"),
 )}
 
 KEVIN_CORRECT_WEIGHT = 0.3
 KEVIN_SPEEDUP_CAP = 10.0   # kernels_eval flags anything faster as suspicious and the harness voids it
+TRLOO_CORRECT_WEIGHT = 0.5  # Dr. Kernel: 0.5*1[correct] + 0.5*min(speedup, 3)
+TRLOO_SPEEDUP_WEIGHT = 0.5
 TRLOO_SPEEDUP_CAP = 3.0
 
 
@@ -128,7 +130,8 @@ def turn_scores(method: Method, success: np.ndarray, speedup: np.ndarray) -> np.
   if method.name == "kevin":
     return KEVIN_CORRECT_WEIGHT * correct + np.where(timed, np.minimum(speedup, KEVIN_SPEEDUP_CAP), 0.0).astype(
         np.float32)
-  return correct + np.where(timed, np.minimum(speedup, TRLOO_SPEEDUP_CAP), 0.0).astype(np.float32)
+  speed = np.where(timed, np.minimum(speedup, TRLOO_SPEEDUP_CAP), 0.0)
+  return (TRLOO_CORRECT_WEIGHT * correct + TRLOO_SPEEDUP_WEIGHT * speed).astype(np.float32)
 
 
 def normalise_per_task(values: np.ndarray, keep: np.ndarray, eps: float = 1e-6) -> np.ndarray:

@@ -144,7 +144,8 @@ class Learner:
   Usage:
     learner = Learner(logprob_fn, make_optimizer(cfg.optim), LearnerConfig.from_configs(...), mesh=mesh)
     state = learner.init_state(params, seed, param_specs)
-    state, metrics = learner.step(state, batch)           # metrics: dict of float
+    ref = learner.reference_params(params, param_specs)   # only when kl_beta > 0 (else pass None)
+    state, metrics = learner.step(state, batch, ref)      # metrics: dict of float
   """
 
   def __init__(self, logprob_fn: LogProbFn, optimizer: optax.GradientTransformation, config: LearnerConfig, *,
@@ -183,6 +184,14 @@ class Learner:
 
   def _fresh_state(self, params, key):
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params), rng=key)
+
+  def reference_params(self, params: Any, param_specs: Any = None, dtype: Optional[str] = None) -> Any:
+    """A frozen copy of `params` to pass as `step(..., ref_params=)`: its own buffers (steps donate the policy's),
+    sharded like the policy under the mesh, floating leaves cast to `dtype` when given ("bfloat16" halves it)."""
+    def cast(x):
+      return x.astype(dtype) if dtype and jnp.issubdtype(x.dtype, jnp.floating) else x
+    shardings = None if self.mesh is None else sharding_lib.param_shardings(params, self.mesh, param_specs)
+    return jax.jit(lambda p: jax.tree.map(cast, p), out_shardings=shardings)(params)
 
   def step(self, state: TrainState, batch: TrainBatch, ref_params: Any = None) -> tuple[TrainState, dict[str, float]]:
     """One train step on `batch`; `state` is donated (do not reuse it). Returns (new_state, metrics).

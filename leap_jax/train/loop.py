@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 import kernels_eval
+from leap_jax.metrics import curves
 from leap_jax.metrics import episodes as episodes_lib
 from leap_jax.metrics import plots
 from leap_jax.metrics import writer as writer_lib
@@ -199,7 +200,8 @@ def turn1_pass_rate(cfg: ml_collections.ConfigDict, policy: Policy, evaluator, t
 def heldout_accuracy(cfg: ml_collections.ConfigDict, policy: Policy, evaluator, tasks: Sequence[Any],
                      num_turns: int, step: int = HELDOUT_STEP, sampler=None) -> dict[str, Any]:
   """Acc@1..Acc@T: one trajectory per problem, every unsolved trajectory gets all T turns (no pruning)."""
-  settings = rollout_settings(cfg, num_problems=len(tasks), group_size=1, num_turns=num_turns)
+  settings = rollout_settings(cfg, num_problems=len(tasks), group_size=1, num_turns=num_turns,
+                              temperature=cfg.heldout.temperature)
   rollout = make_rollout(cfg, policy, evaluator, methods_lib.get_method("leap_no_dcp"), settings, sampler)
   batch = rollout.run(policy.params, tasks, step=step)
   solved_by = np.cumsum(batch.success & batch.generated, axis=-1)[:, 0, :] > 0  # [P, T]
@@ -209,6 +211,19 @@ def heldout_accuracy(cfg: ml_collections.ConfigDict, policy: Policy, evaluator, 
   out["generated_rows"] = batch.counters["generated_rows"]
   out["seconds"] = batch.timings["generate"] + batch.timings["evaluate"]
   return out
+
+
+def heldout_point(cfg: ml_collections.ConfigDict, policy: Policy, evaluator, tasks: Sequence[Any], step: int,
+                  cost: dict[str, float], sampler=None) -> dict[str, Any]:
+  """`heldout_accuracy` of `policy`, appended to the run's accuracy-against-cost curve at `step`."""
+  result = heldout_accuracy(cfg, policy, evaluator, tasks, cfg.heldout.num_turns, sampler=sampler)
+  curves.append_point(workdir(cfg), step, cost, result)
+  return result
+
+
+def heldout_due(cfg: ml_collections.ConfigDict, done: int) -> bool:
+  """Whether the held-out curve gets a point after `done` steps (before the first step too)."""
+  return cfg.heldout.every > 0 and done % cfg.heldout.every == 0
 
 
 def process_slice(tasks: Sequence[Any]) -> list[Any]:
@@ -306,6 +321,9 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
   learner = Learner(model_logprob_fn(policy.graphdef, temperature=temperature), optim.make_optimizer(cfg.optim),
                     learner_cfg, mesh=mesh, lr_schedule=optim.learning_rate_schedule(cfg.optim))
   specs = model_sharding.partition_specs(policy.params, mesh) if mesh is not None else None
+  # The KL reference is the starting policy (the SFT model when enabled), also when resuming.
+  ref_params = (learner.reference_params(policy.params, specs, cfg.learner.ref_dtype or None)
+                if learner_cfg.kl_beta > 0 else None)
   checkpointer = Checkpointer(directory, every=cfg.checkpoint.every, keep=cfg.checkpoint.keep,
                               async_save=cfg.checkpoint.async_save)
   restored = checkpointer.restore_latest(learner.abstract_state(policy.params, specs))
@@ -334,6 +352,25 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
   precheck = None
   if cfg.precheck.enabled and first_step == 0:
     precheck = pool_check("precheck", "before RL", state.params)
+  history = writer_lib.read_metrics(directory) if (directory / writer_lib.METRICS_FILE).exists() else []
+  cost = curves.resumed_cost([row for row in history if row["step"] < first_step])
+  heldout_tasks = select_tasks(cfg.tasks.lang, cfg.heldout.levels, cfg.heldout.split)
+  latest_heldout: tuple[int, dict[str, Any]] | None = None
+
+  def heldout_now(done: int, params: Any) -> dict[str, Any]:
+    nonlocal latest_heldout
+    result = heldout_point(cfg, dataclasses.replace(policy, params=params), evaluator, heldout_tasks, done, cost,
+                           sampler)
+    echo(f"held-out after {done} steps " + " ".join(f"{k}={v:.3f}" for k, v in result.items() if k.startswith("Acc@"))
+         + f" (cost so far: {cost['cumulative/seconds']:.0f} s, {cost['cumulative/generated_tokens']:.0f} tokens, "
+         f"{cost['cumulative/evaluator_calls']:.0f} evaluator calls)")
+    latest_heldout = (done, result)
+    return result
+
+  if cfg.heldout.every > 0:
+    curves.start_curve(directory, first_step)
+    if first_step == 0:
+      heldout_now(0, state.params)
 
   chief = jax.process_index() == 0
   writer = writer_lib.MetricsWriter(directory, tensorboard=cfg.metrics.tensorboard,
@@ -353,12 +390,17 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
           batch, credit.advantages, pad_id=policy.pad_id, row_multiple=rows_multiple,
           drop_zero_advantage=cfg.learner.drop_zero_advantage and cfg.learner.kl_beta == 0)
       t1 = time.perf_counter()
-      state, learn_metrics = learner.step(state, train_batch)
+      state, learn_metrics = learner.step(state, train_batch, ref_params)
       t2 = time.perf_counter()
       metrics = batching.rollout_metrics(batch, credit.advantages, credit.reward)
       metrics.update(learn_metrics)
       metrics.update({"time/learn": t2 - t1, "time/step": t2 - t0, "train/rows": float(train_batch.batch_size),
                       "train/length": float(train_batch.tokens.shape[1])})
+      cost = curves.add_step_cost(cost, metrics)
+      metrics.update(cost)
+      if heldout_due(cfg, step + 1):
+        accuracy = heldout_now(step + 1, state.params)
+        metrics.update({f"heldout/{k}": v for k, v in accuracy.items() if k.startswith("Acc@")})
       writer.write(step, metrics)
       if dumper.due(step):
         dumper.maybe_dump(step, episode_records(batch, policy.chat, dumper.max_episodes))
@@ -384,10 +426,13 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
     postcheck = pool_check("postcheck", "after RL", state.params, before=precheck)
   heldout = None
   if cfg.heldout.at_end and not stop.requested:
-    heldout_tasks = select_tasks(cfg.tasks.lang, cfg.heldout.levels, cfg.heldout.split)
-    heldout = heldout_accuracy(cfg, dataclasses.replace(policy, params=state.params), evaluator, heldout_tasks,
-                               cfg.heldout.num_turns, sampler=sampler)
-    echo("held-out " + " ".join(f"{k}={v:.3f}" for k, v in heldout.items() if k.startswith("Acc@")))
+    final_step = int(state.step)
+    if latest_heldout is not None and latest_heldout[0] == final_step:
+      heldout = latest_heldout[1]
+    else:
+      heldout = heldout_accuracy(cfg, dataclasses.replace(policy, params=state.params), evaluator, heldout_tasks,
+                                 cfg.heldout.num_turns, sampler=sampler)
+      echo("held-out " + " ".join(f"{k}={v:.3f}" for k, v in heldout.items() if k.startswith("Acc@")))
     with open(directory / "heldout.json", "w") as f:
       json.dump(heldout, f, indent=2)
   if own_evaluator:
