@@ -74,20 +74,19 @@ def _release(fds: tuple[int, int] | None) -> None:
 
 
 @contextlib.contextmanager
-def shared() -> Iterator[None]:
+def _held(mode: int) -> Iterator[None]:
+  fds = _acquire(mode)
+  try:
+    yield
+  finally:
+    _release(fds)
+
+
+def shared() -> contextlib.AbstractContextManager[None]:
   """Held while a step runs code on the GPU that is not a timing. Never nest the two."""
-  fds = _acquire(fcntl.LOCK_SH)
-  try:
-    yield
-  finally:
-    _release(fds)
+  return _held(fcntl.LOCK_SH)
 
 
-@contextlib.contextmanager
-def exclusive() -> Iterator[None]:
+def exclusive() -> contextlib.AbstractContextManager[None]:
   """Held while a step times: no other job's code runs on the GPU meanwhile."""
-  fds = _acquire(fcntl.LOCK_EX)
-  try:
-    yield
-  finally:
-    _release(fds)
+  return _held(fcntl.LOCK_EX)

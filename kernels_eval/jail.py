@@ -333,7 +333,8 @@ def _wait_and_exit(pid: int) -> None:
   os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
-def _close_fds(keep: Sequence[int]) -> None:
+def close_fds_except(keep: Sequence[int]) -> None:
+  """Closes every descriptor of this process but stdin, stdout, stderr and `keep`."""
   keep = sorted(set(keep) | {0, 1, 2})
   start = 0
   for fd in keep + [1 << 16]:
@@ -362,7 +363,7 @@ def enter(spec: Spec) -> None:
     _write("/proc/self/gid_map", f"{INSIDE_ID} {gid} 1\n")
   pid = os.fork()
   if pid:
-    _close_fds([spec.pid_fd] if spec.pid_fd >= 0 else [])
+    close_fds_except([spec.pid_fd] if spec.pid_fd >= 0 else [])
     if spec.pid_fd >= 0:
       os.write(spec.pid_fd, pid.to_bytes(4, "big"))
       os.close(spec.pid_fd)
@@ -376,7 +377,7 @@ def enter(spec: Spec) -> None:
     _drop_privileges(spec, as_root)
     os.environ.clear()
     os.environ.update(dict(spec.env))
-    _close_fds(spec.keep_fds)
+    close_fds_except(spec.keep_fds)
   except BaseException as e:  # noqa: BLE001  (nothing of the job ran yet: report and leave)
     os.write(2, f"jail: {e!r}\n".encode())
     os._exit(SETUP_FAILED)

@@ -113,11 +113,7 @@ def _enter_process_mode(limits: Limits, tmpdir: str, keep_fds: tuple[int, ...]) 
   is_root = os.geteuid() == 0
   if is_root and libc.unshare(CLONE_NEWNET) != 0:
     raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
-  start = 3
-  for fd in sorted(keep_fds):
-    os.closerange(start, fd)
-    start = fd + 1
-  os.closerange(start, 65536)
+  jail.close_fds_except(keep_fds)
   os.chdir(tmpdir)
   if is_root:
     os.setgroups([])

@@ -36,6 +36,11 @@ def resumed_cost(history: Sequence[dict[str, Any]]) -> dict[str, float]:
   return zero_cost()
 
 
+def accuracies(result: dict[str, Any]) -> dict[str, float]:
+  """The Acc@k entries of a held-out result (which also holds per-task turns and timings)."""
+  return {k: v for k, v in result.items() if k.startswith("Acc@")}
+
+
 def read_curve(workdir: str | os.PathLike) -> list[dict[str, Any]]:
   path = pathlib.Path(workdir) / CURVE_FILE
   if not path.exists():
@@ -52,7 +57,7 @@ def start_curve(workdir: str | os.PathLike, first_step: int) -> None:
 
 def append_point(workdir: str | os.PathLike, step: int, cost: dict[str, float],
                  accuracy: dict[str, Any]) -> dict[str, Any]:
-  point = {"step": step, **cost, **{k: v for k, v in accuracy.items() if k.startswith("Acc@")}}
+  point = {"step": step, **cost, **accuracies(accuracy)}
   with open(pathlib.Path(workdir) / CURVE_FILE, "a") as f:
     f.write(json.dumps(point) + "\n")
   return point

@@ -221,6 +221,10 @@ def heldout_point(cfg: ml_collections.ConfigDict, policy: Policy, evaluator, tas
   return result
 
 
+def _accuracy_text(result: dict[str, Any]) -> str:
+  return " ".join(f"{k}={v:.3f}" for k, v in curves.accuracies(result).items())
+
+
 def heldout_due(cfg: ml_collections.ConfigDict, done: int) -> bool:
   """Whether the held-out curve gets a point after `done` steps (before the first step too)."""
   return cfg.heldout.every > 0 and done % cfg.heldout.every == 0
@@ -361,8 +365,8 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
     nonlocal latest_heldout
     result = heldout_point(cfg, dataclasses.replace(policy, params=params), evaluator, heldout_tasks, done, cost,
                            sampler)
-    echo(f"held-out after {done} steps " + " ".join(f"{k}={v:.3f}" for k, v in result.items() if k.startswith("Acc@"))
-         + f" (cost so far: {cost['cumulative/seconds']:.0f} s, {cost['cumulative/generated_tokens']:.0f} tokens, "
+    echo(f"held-out after {done} steps {_accuracy_text(result)}"
+         f" (cost so far: {cost['cumulative/seconds']:.0f} s, {cost['cumulative/generated_tokens']:.0f} tokens, "
          f"{cost['cumulative/evaluator_calls']:.0f} evaluator calls)")
     latest_heldout = (done, result)
     return result
@@ -400,7 +404,7 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
       metrics.update(cost)
       if heldout_due(cfg, step + 1):
         accuracy = heldout_now(step + 1, state.params)
-        metrics.update({f"heldout/{k}": v for k, v in accuracy.items() if k.startswith("Acc@")})
+        metrics.update({f"heldout/{k}": v for k, v in curves.accuracies(accuracy).items()})
       writer.write(step, metrics)
       if dumper.due(step):
         dumper.maybe_dump(step, episode_records(batch, policy.chat, dumper.max_episodes))
@@ -432,7 +436,7 @@ def train(cfg: ml_collections.ConfigDict, *, policy_sampler: Callable[[Policy], 
     else:
       heldout = heldout_accuracy(cfg, dataclasses.replace(policy, params=state.params), evaluator, heldout_tasks,
                                  cfg.heldout.num_turns, sampler=sampler)
-      echo("held-out " + " ".join(f"{k}={v:.3f}" for k, v in heldout.items() if k.startswith("Acc@")))
+      echo(f"held-out {_accuracy_text(heldout)}")
     with open(directory / "heldout.json", "w") as f:
       json.dump(heldout, f, indent=2)
   if own_evaluator:
