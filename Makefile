@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/default.py
 
-.PHONY: train test bench clean-venv
+.PHONY: train test test-quick bench clean-venv
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,17 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=25 tests
+
+# The daily tier for core changes (about a minute on 2 cores once JAX's compilation cache is warm): rewards,
+# methods, rollout -> train batch, the learner on tiny models, configs, evaluator schema and protocol, static
+# checks, import layers, the README. `make test` runs the full suite.
+QUICK_TESTS := tests/test_rewards.py tests/test_rewards_reference.py tests/test_rollout_methods.py \
+	tests/test_rollout_harness.py tests/test_learner.py tests/test_configs.py tests/test_schema.py \
+	tests/test_protocol.py tests/test_static_check.py tests/test_cuda_static.py tests/test_layers.py \
+	tests/test_hooks.py tests/test_readme.py
+
+test-quick: $(STAMP)
+	$(PY) -m pytest -q --durations=10 $(QUICK_TESTS)
 
 bench: $(STAMP)
 	$(PY) bench/rewards.py

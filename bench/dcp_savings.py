@@ -14,31 +14,42 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from launch import cli  # noqa: E402
 from leap_jax.metrics import curves  # noqa: E402
+from leap_jax.train import build  # noqa: E402
 from leap_jax.train import loop  # noqa: E402
+from leap_jax.train.config import TrainConfig  # noqa: E402
 from leap_jax.train import sft  # noqa: E402
 
 METHODS = ("leap", "leap_no_dcp", "grpo_mt")
 COLUMNS = ("cost/generated_rows", "cost/generated_tokens", "cost/evaluator_calls", "time/step")
 
 
+def method_config(raw, base: TrainConfig, method: str) -> TrainConfig:
+  """The base config under `method`, in its own workdir, from the base run's SFT checkpoint, with a held-out
+  curve point every step or more often and no pass-rate checks."""
+  cfg = raw.copy_and_resolve_references()
+  cfg.method = method
+  cfg.sft.checkpoint_dir = base.sft.checkpoint_dir
+  cfg.workdir = str(pathlib.Path(base.workdir) / "dcp_savings" / method)
+  cfg.precheck.enabled = False
+  cfg.heldout.at_end = False
+  cfg.heldout.every = max(cfg.heldout.every, 1)
+  return cli.to_typed(cfg, TrainConfig.from_dict)
+
+
 def main(argv):
-  base = loop.parse_config(argv)
-  if base.sft.enabled and not loop.has_sft_checkpoint(base):
+  raw = cli.parse_config(argv)
+  base = cli.to_typed(raw, TrainConfig.from_dict)
+  if base.sft.enabled and not build.has_checkpoint(base.sft.checkpoint_dir):
     sft.cold_start(base, echo=lambda s: print(s, flush=True))
   histories, accuracy, heldout_curves = {}, {}, {}
   for method in METHODS:
-    cfg = base.copy_and_resolve_references()
-    cfg.method = method
-    cfg.sft.checkpoint_dir = str(loop.sft_dir(base))
-    cfg.workdir = str(loop.workdir(base) / "dcp_savings" / method)
-    cfg.precheck.enabled = False
-    cfg.heldout.at_end = False
-    cfg.heldout.every = max(cfg.heldout.every, 1)
+    cfg = method_config(raw, base, method)
     print(f"== {method}", flush=True)
     histories[method] = loop.train(cfg, echo=lambda s: print(s, flush=True)).history
     accuracy[method] = loop.evaluate_checkpoint(cfg, echo=lambda s: print(s, flush=True))
-    heldout_curves[method] = curves.read_curve(loop.workdir(cfg))
+    heldout_curves[method] = curves.read_curve(cfg.workdir)
 
   print("\nper step: " + ", ".join(COLUMNS))
   for step in range(min(len(h) for h in histories.values())):

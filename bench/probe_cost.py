@@ -20,7 +20,8 @@ from absl import flags  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import kernels_eval  # noqa: E402
-from leap_jax.train import loop  # noqa: E402
+from launch import cli  # noqa: E402
+from leap_jax.train import build  # noqa: E402
 from probe import activations  # noqa: E402
 from probe import linear  # noqa: E402
 from probe import pipeline  # noqa: E402
@@ -29,13 +30,13 @@ flags.DEFINE_integer("num_tasks", 8, "tasks timed on both sides")
 
 
 def main(argv):
-  cfg = loop.parse_config(argv)
+  cfg = cli.propel_config(argv)
   n = flags.FLAGS.num_tasks
   tasks = [t for t in kernels_eval.load_tasks() if t.level >= 1 and cfg.lang in t.solutions]
   if len(tasks) < n:
     raise SystemExit(f"error: num_tasks={n} but the suite has {len(tasks)} {cfg.lang} tasks at levels 1-3")
   timed = tasks[:n]
-  model, tokenizer = pipeline.load_generator(cfg)
+  model, tokenizer = pipeline.load_generator(cfg.generator, cfg.workdir, cfg.seed)
   extractor = activations.ActivationExtractor(model, tokenizer, model_id="bench", batch_size=n,
                                               max_tokens=cfg.probe.max_tokens)
   path = pipeline.probe_dir(cfg) / "probe.npz"
@@ -53,15 +54,15 @@ def main(argv):
   probe_s = time.perf_counter() - start
   print(f"probe reward for {n} tasks: {probe_s:.3f} s ({'trained' if path.is_file() else 'untrained'} probe, "
         f"layer {extractor.layer})", flush=True)
-  with pipeline.make_evaluator(cfg) as evaluator:
-    solver = pipeline.make_solver(cfg, evaluator)
+  with build.make_evaluator(cfg.evaluator) as evaluator:
+    solver = pipeline.make_solver(cfg.solver, evaluator, cfg.lang, cfg.seed)
     solver.attempts(timed[0], 0, 0)
     start = time.perf_counter()
     passes = [sum(solver.attempts(t, 0, i + 1)) for i, t in enumerate(timed)]
     solver_s = time.perf_counter() - start
   k = cfg.solver.attempts
   print(f"K={k} solver attempts on the same {n} tasks: {solver_s:.1f} s (passes per task {passes})")
-  print(f"ratio solver / probe: {solver_s / probe_s:.0f}x " + pipeline.scale_note(cfg))
+  print(f"ratio solver / probe: {solver_s / probe_s:.0f}x " + cfg.scale_note)
 
 
 if __name__ == "__main__":

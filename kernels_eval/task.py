@@ -196,6 +196,24 @@ def parse_task_source(text: str, path: str | pathlib.Path, *, trusted: bool = Fa
   written, as for generated tasks).
   """
   path = pathlib.Path(path)
+  values, reference = _module_fields(text, path)
+  _check_header(path, values)
+  dims = _check_dims(path, values["DIMS"])
+  inputs = _check_inputs(path, values["INPUTS"], dims)
+  reference_source = _reference_source(path, text, reference, inputs, trusted=trusted)
+  tolerance, solutions, skeleton = _check_optional(path, values, require_skeleton=require_skeleton)
+  return Task(id=values["ID"], level=values["LEVEL"], split=values["SPLIT"], family=values["FAMILY"],
+              statement=values["STATEMENT"].strip(), dims=dims, inputs=inputs, tolerance=tolerance,
+              reference_source=reference_source, solutions=solutions, skeleton=skeleton,
+              source_hash=hashlib.sha256(text.encode("utf-8")).hexdigest(), path=str(path), trusted=trusted)
+
+
+def _module_fields(text: str, path: pathlib.Path) -> tuple[dict[str, Any], ast.FunctionDef]:
+  """The literal values of the FORMAT.md names and the `reference` function of a task file's top level.
+
+  Allows only a docstring, the allowed imports, `reference` and one assignment per name; checks that every
+  REQUIRED name and `reference` are there.
+  """
   try:
     tree = static_check.parse_python(text, str(path))
   except SyntaxError as e:
@@ -227,6 +245,11 @@ def parse_task_source(text: str, path: str | pathlib.Path, *, trusted: bool = Fa
       raise TaskFormatError(path, name, "is missing")
   if reference is None:
     raise TaskFormatError(path, "reference", "function `reference` is missing")
+  return values, reference
+
+
+def _check_header(path: pathlib.Path, values: dict[str, Any]) -> None:
+  """Checks ID, LEVEL (against the file stem and a `level<n>` folder), SPLIT, FAMILY and STATEMENT."""
   tid = values["ID"]
   if not (isinstance(tid, str) and _ID_RE.match(tid)):
     raise TaskFormatError(path, "ID", f"{tid!r} must match [a-z0-9_]+")
@@ -242,8 +265,11 @@ def parse_task_source(text: str, path: str | pathlib.Path, *, trusted: bool = Fa
   for name in ("FAMILY", "STATEMENT"):
     if not (isinstance(values[name], str) and values[name].strip()):
       raise TaskFormatError(path, name, "must be a non-empty string")
-  dims = _check_dims(path, values["DIMS"])
-  inputs = _check_inputs(path, values["INPUTS"], dims)
+
+
+def _reference_source(path: pathlib.Path, text: str, reference: ast.FunctionDef, inputs: tuple[InputSpec, ...],
+                      *, trusted: bool) -> str:
+  """The source of `reference` after checking its signature (the input names) and, unless trusted, its code."""
   args = reference.args
   arg_names = [a.arg for a in args.posonlyargs + args.args]
   if arg_names != [i.name for i in inputs] or args.vararg or args.kwarg or args.kwonlyargs or args.defaults:
@@ -253,15 +279,18 @@ def parse_task_source(text: str, path: str | pathlib.Path, *, trusted: bool = Fa
     problem = static_check.check_reference(reference_source)
     if problem is not None:
       raise TaskFormatError(path, "reference", f"{problem.reason}: {problem.message}")
+  return reference_source
+
+
+def _check_optional(path: pathlib.Path, values: dict[str, Any], *, require_skeleton: bool
+                    ) -> tuple[dict[str, dict[str, float]], dict[str, str], dict[str, str]]:
+  """(tolerance, solutions, skeleton) from TOLERANCE, SOLUTIONS and SKELETON (each {} when absent)."""
   tolerance = _check_tolerance(path, values.get("TOLERANCE", {}))
   solutions = _check_str_dict(path, "SOLUTIONS", values.get("SOLUTIONS", {}))
   skeleton = _check_str_dict(path, "SKELETON", values.get("SKELETON", {}))
-  if require_skeleton and level == 0 and SKELETON_MARKER not in skeleton.get("pallas", ""):
+  if require_skeleton and values["LEVEL"] == 0 and SKELETON_MARKER not in skeleton.get("pallas", ""):
     raise TaskFormatError(path, "SKELETON", f"level 0 needs SKELETON['pallas'] containing {SKELETON_MARKER!r}")
-  return Task(id=tid, level=level, split=values["SPLIT"], family=values["FAMILY"],
-              statement=values["STATEMENT"].strip(), dims=dims, inputs=inputs, tolerance=tolerance,
-              reference_source=reference_source, solutions=solutions, skeleton=skeleton,
-              source_hash=hashlib.sha256(text.encode("utf-8")).hexdigest(), path=str(path), trusted=trusted)
+  return tolerance, solutions, skeleton
 
 
 def drop_assignments(text: str, names: Sequence[str]) -> str:

@@ -9,25 +9,26 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from leap_jax.train import loop  # noqa: E402
+from launch import cli  # noqa: E402
+from leap_jax.train import build  # noqa: E402
 from probe import corpus  # noqa: E402
 from probe import pipeline  # noqa: E402
 
 
 def main(argv):
-  cfg = loop.parse_config(argv)
+  cfg = cli.propel_config(argv)
   echo = lambda s: print(s, flush=True)  # noqa: E731
-  out = pipeline.corpus_dir(cfg)
-  model, tokenizer = pipeline.load_generator(cfg, echo)
-  source = pipeline.make_source(cfg, model, tokenizer)
-  with pipeline.make_evaluator(cfg) as evaluator:
-    solver = pipeline.make_solver(cfg, evaluator)
+  out = pathlib.Path(cfg.corpus.dir)
+  model, tokenizer = pipeline.load_generator(cfg.generator, cfg.workdir, cfg.seed, echo)
+  source = pipeline.make_source(cfg.generator, model, tokenizer)
+  with build.make_evaluator(cfg.evaluator) as evaluator:
+    solver = pipeline.make_solver(cfg.solver, evaluator, cfg.lang, cfg.seed)
     records = corpus.build_corpus(
-        out, source=source, solver=solver, checker=pipeline.make_checker(cfg), num_tasks=cfg.corpus.num_tasks,
-        seed=cfg.seed, band=tuple(cfg.corpus.band), batch_size=cfg.generator.batch_size,
+        out, source=source, solver=solver, checker=pipeline.make_checker(cfg.generator), num_tasks=cfg.corpus.num_tasks,
+        seed=cfg.seed, band=cfg.corpus.band, batch_size=cfg.generator.batch_size,
         metadata=pipeline.corpus_metadata(cfg), log=echo)
   summary = corpus.corpus_summary(records)
-  print(f"corpus {out}: " + json.dumps(summary) + " " + pipeline.scale_note(cfg), flush=True)
+  print(f"corpus {out}: " + json.dumps(summary) + " " + cfg.scale_note, flush=True)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,15 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from launch import cli  # noqa: E402
+from leap_jax.metrics import curves  # noqa: E402
 from leap_jax.train import loop  # noqa: E402
 
 
 def main(argv):
-  cfg = loop.parse_config(argv)
+  cfg = cli.train_config(argv)
   result = loop.evaluate_checkpoint(cfg, echo=lambda s: print(s, flush=True))
-  print(json.dumps({k: v for k, v in result.items() if k.startswith("Acc@") or k == "step"}), flush=True)
+  print(json.dumps({**curves.accuracies(result), "step": result["step"]}), flush=True)
 
 
 if __name__ == "__main__":

@@ -11,15 +11,17 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from absl import flags  # noqa: E402
 
+from launch import cli  # noqa: E402
+from leap_jax.train import checks  # noqa: E402
 from leap_jax.train import loop  # noqa: E402
 
 flags.DEFINE_string("out", "", "output folder (default <workdir>/policy)")
 
 
 def main(argv):
-  cfg = loop.parse_config(argv)
+  cfg = cli.train_config(argv)
   policy, step = loop.latest_policy(cfg)
-  out = loop.export_policy(policy, flags.FLAGS.out or loop.policy_dir(cfg))
+  out = checks.export_policy(policy, flags.FLAGS.out or pathlib.Path(cfg.workdir) / "policy")
   print(f"policy of step {step} written to {out}", flush=True)
 
 

@@ -22,7 +22,8 @@ import numpy as np  # noqa: E402
 
 import kernels_eval  # noqa: E402
 from kernels_eval import task as task_lib  # noqa: E402
-from leap_jax.train import loop  # noqa: E402
+from launch import cli  # noqa: E402
+from leap_jax.train import build  # noqa: E402
 from probe import activations  # noqa: E402
 from probe import corpus  # noqa: E402
 from probe import generator  # noqa: E402
@@ -35,14 +36,15 @@ RVP_SEED_OFFSET = 1 << 20  # RVP sample i uses task_seed(seed, RVP_SEED_OFFSET +
 
 
 def relabel(cfg, records, echo):
-  with pipeline.make_evaluator(cfg) as evaluator:
-    solver = pipeline.make_solver(cfg, evaluator)
+  with build.make_evaluator(cfg.evaluator) as evaluator:
+    solver = pipeline.make_solver(cfg.solver, evaluator, cfg.lang, cfg.seed)
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", solver.metadata["checkpoint"])
-    out = pipeline.corpus_dir(cfg).with_name(pipeline.corpus_dir(cfg).name + f"-relabel-{name}")
+    corpus_dir = pathlib.Path(cfg.corpus.dir)
+    out = corpus_dir.with_name(corpus_dir.name + f"-relabel-{name}")
     echo(f"relabelling {len(records)} corpus tasks with solver {solver.metadata['checkpoint']} into {out}")
     return corpus.build_corpus(out, source=corpus.RecordedSource(records), solver=solver,
-                               checker=pipeline.make_checker(cfg), num_tasks=len(records), seed=cfg.seed,
-                               band=tuple(cfg.corpus.band), batch_size=cfg.generator.batch_size,
+                               checker=pipeline.make_checker(cfg.generator), num_tasks=len(records), seed=cfg.seed,
+                               band=cfg.corpus.band, batch_size=cfg.generator.batch_size,
                                metadata=pipeline.corpus_metadata(cfg), log=echo)
 
 
@@ -53,8 +55,8 @@ def rvp_sample(cfg, model, tokenizer, echo) -> list[dict]:
     rows = [json.loads(x) for x in path.read_text().splitlines()]
     if len(rows) == cfg.probe.rvp_samples:
       return rows
-  source = pipeline.make_source(cfg, model, tokenizer)
-  checker = pipeline.make_checker(cfg, remember=False)
+  source = pipeline.make_source(cfg.generator, model, tokenizer)
+  checker = pipeline.make_checker(cfg.generator, remember=False)
   seeds = [corpus.task_seed(cfg.seed, RVP_SEED_OFFSET + i) for i in range(cfg.probe.rvp_samples)]
   rows = []
   for start in range(0, len(seeds), cfg.generator.batch_size):
@@ -69,14 +71,14 @@ def rvp_sample(cfg, model, tokenizer, echo) -> list[dict]:
 
 
 def main(argv):
-  cfg = loop.parse_config(argv)
+  cfg = cli.propel_config(argv)
   echo = lambda s: print(s, flush=True)  # noqa: E731
-  records = corpus.read_records(pipeline.corpus_dir(cfg))
+  records = corpus.read_records(cfg.corpus.dir)
   if not records:
-    raise SystemExit(f"error: no corpus records in {pipeline.corpus_dir(cfg)}; run launch/build_corpus.py first")
+    raise SystemExit(f"error: no corpus records in {cfg.corpus.dir}; run launch/build_corpus.py first")
   if flags.FLAGS.relabel:
     records = relabel(cfg, records, echo)
-  band, built = tuple(cfg.corpus.band), tuple(corpus.read_meta(pipeline.corpus_dir(cfg))["band"])
+  band, built = cfg.corpus.band, tuple(corpus.read_meta(cfg.corpus.dir)["band"])
   if band != built:
     echo(f"labels: corpus.band {band} applied to the stored pass counts (the corpus was built with band {built})")
   records = corpus.with_band(records, band)
@@ -89,8 +91,8 @@ def main(argv):
   if len(set(y.tolist())) < 2:
     raise SystemExit(f"error: all {len(y)} valid corpus tasks have label {int(y[0])}; a probe needs in-band and "
                      "out-of-band tasks (more tasks, another band, or another solver)")
-  model, tokenizer = pipeline.load_generator(cfg, echo)
-  layers = tuple(cfg.probe.layers) or (activations.default_layer(model.config.num_layers),)
+  model, tokenizer = pipeline.load_generator(cfg.generator, cfg.workdir, cfg.seed, echo)
+  layers = cfg.probe.layers or (activations.default_layer(model.config.num_layers),)
   rows = rvp_sample(cfg, model, tokenizer, echo)
   tasks = [task_lib.parse_task_source(r.text, "<corpus>") for r in labelled]
   texts = [activations.task_text(t, cfg.lang) for t in tasks]
@@ -103,28 +105,28 @@ def main(argv):
     rvp_features[layer] = extractor(rvp_texts) if rvp_texts else np.zeros((0, extractor.width), np.float32)
   best, table = selection.fit_and_select(
       features, y, rate, selection.task_groups(tasks, cfg.probe.cv_groups), rvp_features,
-      rvp_invalid=sum(not r["valid"] for r in rows), l2s=tuple(cfg.probe.l2s), hidden=cfg.probe.hidden,
+      rvp_invalid=sum(not r["valid"] for r in rows), l2s=cfg.probe.l2s, hidden=cfg.probe.hidden,
       r_bad=cfg.probe.r_bad, num_folds=cfg.probe.cv_folds, alpha=cfg.probe.alpha, seed=cfg.seed,
       steps=cfg.probe.steps)
   out = pipeline.probe_dir(cfg)
   out.mkdir(parents=True, exist_ok=True)
   linear.save_probe(out / "probe.npz", best["params"])
   report = {"chosen": {k: v for k, v in best.items() if k != "params"}, "candidates": table,
-            "corpus": str(pipeline.corpus_dir(cfg)), "relabelled": bool(flags.FLAGS.relabel), "band": list(band),
-            "model_id": pipeline.generator_id(cfg), "scale": cfg.scale,
+            "corpus": cfg.corpus.dir, "relabelled": bool(flags.FLAGS.relabel), "band": list(band),
+            "model_id": pipeline.generator_id(cfg.generator, cfg.seed), "scale": cfg.scale,
             "evaluator_version": kernels_eval.schema.SCHEMA_VERSION}
   (out / "report.json").write_text(json.dumps(report, indent=1, default=float))
   for row in table:
     echo("  " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
   if best["eligible"]:
     echo(f"chosen probe (max RVP among eligible): layer {best['layer']}, l2 {best['l2']:g}, AUROC lower bound "
-         f"{best['auroc_lower']:.3f} -> {out / 'probe.npz'} " + pipeline.scale_note(cfg))
+         f"{best['auroc_lower']:.3f} -> {out / 'probe.npz'} " + cfg.scale_note)
   else:
     echo(f"NO ELIGIBLE PROBE: no candidate's AUROC lower bound (grouped {best['n_folds']}-fold CV, "
          f"{best['n_groups']} groups, level {best['alpha']:.2g}) is above 0.5, so none has shown skill; saved the "
          f"one of largest bound ({best['auroc_lower']:.3f}: layer {best['layer']}, l2 {best['l2']:g}) marked "
          "ineligible, which launch/train_generator.py refuses unless --config.probe.allow_ineligible=True "
-         + pipeline.scale_note(cfg))
+         + cfg.scale_note)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,12 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from launch import cli  # noqa: E402
 from leap_jax.train import sft  # noqa: E402
-from leap_jax.train import loop  # noqa: E402
 
 
 def main(argv):
-  cfg = loop.parse_config(argv)
+  cfg = cli.train_config(argv)
   summary = sft.cold_start(cfg, echo=lambda s: print(s, flush=True), measure=cfg.precheck.enabled)
   print(f"saved {summary['dir']} after {summary['seconds']:.0f} s", flush=True)
 

@@ -10,6 +10,8 @@ import tqdm
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from launch import cli  # noqa: E402
+from leap_jax.train import build  # noqa: E402
 from leap_jax.train import loop  # noqa: E402
 from leap_jax.train import sft  # noqa: E402
 
@@ -21,13 +23,13 @@ def _echo(line: str) -> None:
 
 
 def main(argv):
-  cfg = loop.parse_config(argv)
+  cfg = cli.train_config(argv)
   if cfg.distributed.enabled:
     import jax  # pylint: disable=import-outside-toplevel
     jax.distributed.initialize(cfg.distributed.coordinator_address, cfg.distributed.num_processes,
                                cfg.distributed.process_id)
-  if cfg.sft.enabled and not loop.has_sft_checkpoint(cfg):
-    print(f"no SFT checkpoint in {loop.sft_dir(cfg)}: running cold-start SFT first", flush=True)
+  if cfg.sft.enabled and not build.has_checkpoint(cfg.sft.checkpoint_dir):
+    print(f"no SFT checkpoint in {cfg.sft.checkpoint_dir}: running cold-start SFT first", flush=True)
     summary = sft.cold_start(cfg, echo=lambda s: print(s, flush=True))
     print(f"SFT done in {summary['seconds']:.0f} s, final nll {summary['final_nll']:.4f}", flush=True)
   result = loop.train(cfg, echo=_echo)

@@ -69,7 +69,7 @@ class RolloutSolver:
   """K solver attempts per task through `leap_jax.rollout.Rollout`.
 
   Args:
-    policy: `leap_jax.train.loop.Policy` of the solver (sampler, chat, params).
+    policy: `leap_jax.train.build.Policy` of the solver (sampler, chat, params).
     evaluator: `kernels_eval.Evaluator`.
     settings: RolloutSettings of the solver (temperature, max_new_tokens, num_turns, context).
     attempts: K.

@@ -18,7 +18,6 @@ if __name__ == "__main__":
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
-import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
@@ -28,6 +27,7 @@ from leap_jax.train import learner as learner_lib  # noqa: E402
 from leap_jax.train import optim, run_record  # noqa: E402
 from leap_jax.train.batch import batch_from_numpy  # noqa: E402
 from leap_jax.train.checkpoint import Checkpointer  # noqa: E402
+from leap_jax.train.config import from_mapping  # noqa: E402
 from leap_jax.train.preemption import StopRequest  # noqa: E402
 
 TINY = dict(model_type="llama", vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -48,10 +48,10 @@ def setup():
   """(learner, initial params); cached so repeated runs in one process reuse the compiled step."""
   graphdef, params = nnx.split(Transformer(ModelConfig.from_hf_config(TINY), rngs=nnx.Rngs(0)))
   c = config()
-  optim_cfg, learner_cfg = ml_collections.ConfigDict(c["optim"]), ml_collections.ConfigDict(c["learner"])
+  optim_cfg = from_mapping(optim.OptimConfig, c["optim"])
+  learner_cfg = from_mapping(learner_lib.LearnerConfig, c["learner"], grad_accum_steps=optim_cfg.grad_accum_steps)
   learner = learner_lib.Learner(learner_lib.model_logprob_fn(graphdef, chunk_size=None),
-                                optim.make_optimizer(optim_cfg),
-                                learner_lib.LearnerConfig.from_configs(learner_cfg, optim_cfg))
+                                optim.make_optimizer(optim_cfg), learner_cfg)
   return learner, params
 
 

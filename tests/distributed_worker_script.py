@@ -19,7 +19,6 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
-from configs import common  # noqa: E402
 from leap_jax.models import ModelConfig, Transformer  # noqa: E402
 from leap_jax.models import sharding as model_sharding  # noqa: E402
 from leap_jax.train import learner as learner_lib  # noqa: E402
@@ -45,13 +44,10 @@ def train_one_step() -> dict[str, np.ndarray]:
   """One step on a ("data"=2, "fsdp"=2, "tensor"=2) mesh over all global devices; returns host params."""
   graphdef, params = nnx.split(Transformer(ModelConfig.from_hf_config(TINY), rngs=nnx.Rngs(0)))
   params = jax.tree.map(np.asarray, params)  # host values, identical in every process
-  optim_cfg, learner_cfg = common.optim(), common.learner()
-  optim_cfg.learning_rate = 1e-3
-  learner_cfg.num_minibatches = 2
   mesh = model_sharding.make_mesh(2, 2, 2)
   learner = learner_lib.Learner(learner_lib.model_logprob_fn(graphdef, chunk_size=None),
-                                optim.make_optimizer(optim_cfg),
-                                learner_lib.LearnerConfig.from_configs(learner_cfg, optim_cfg), mesh=mesh)
+                                optim.make_optimizer(optim.OptimConfig(learning_rate=1e-3)),
+                                learner_lib.LearnerConfig(num_minibatches=2), mesh=mesh)
   state = learner.init_state(params, seed=0, param_specs=model_sharding.partition_specs(params, mesh))
   rows = B // jax.process_count()
   lo = jax.process_index() * rows

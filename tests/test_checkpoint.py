@@ -95,14 +95,13 @@ def test_sharded_state_round_trip(tmp_path):
   graphdef, params = nnx.split(Transformer(ModelConfig.from_hf_config(script.TINY), rngs=nnx.Rngs(1)))
   mesh = model_sharding.make_mesh(2, 2, 2)
   specs = model_sharding.partition_specs(params, mesh)
-  optim_cfg, learner_cfg = common.optim(), common.learner()
-  learner = learner_lib.Learner(learner_lib.model_logprob_fn(graphdef), optim.make_optimizer(optim_cfg),
-                                learner_lib.LearnerConfig.from_configs(learner_cfg, optim_cfg), mesh=mesh)
+  learner = learner_lib.Learner(learner_lib.model_logprob_fn(graphdef), optim.make_optimizer(optim.OptimConfig()),
+                                learner_lib.LearnerConfig(), mesh=mesh)
   state = learner.init_state(params, seed=5, param_specs=specs)
   ckpt = Checkpointer(tmp_path, every=10, keep=1)
   assert ckpt.restore_latest(learner.abstract_state(params, specs)) is None
-  assert not ckpt.save(3, state, {"cursor": 7}, common.checkpoint())  # 3 is not a multiple of 10
-  assert ckpt.save(3, state, {"cursor": 7}, common.checkpoint(), force=True)
+  assert not ckpt.save(3, state, {"cursor": 7}, common.checkpoint().to_dict())  # 3 is not a multiple of 10
+  assert ckpt.save(3, state, {"cursor": 7}, common.checkpoint().to_dict(), force=True)
   ckpt.wait()
   restored = Checkpointer(tmp_path, every=10, keep=1).restore_latest(learner.abstract_state(params, specs))
   assert restored["step"] == 3 and restored["sampler"] == {"cursor": 7}

@@ -1,17 +1,30 @@
-"""Configs: overrides and their errors, and dry runs of the GPU configs that allocate nothing."""
+"""Configs: overrides and their errors, the typed config's checks, and dry runs of the GPU configs that allocate
+nothing."""
+import dataclasses
 import json
 
 import jax
 import pytest
 from absl import flags
 
-from configs import default, h200, multihost, smoke
+from configs import default, h200, multihost, propel_cpu, propel_h200, smoke
+from launch import cli
 from leap_jax.rollout import methods
-from leap_jax.train import loop
+from leap_jax.train import build
+from leap_jax.train.config import TrainConfig
+from probe.config import PropelConfig
 
 
 def _parse(*overrides, config="configs/smoke.py"):
-  return loop.parse_config(["launch/train.py", "--config", config, *overrides], flag_values=flags.FlagValues())
+  return cli.parse_config(["launch/train.py", "--config", config, *overrides], flag_values=flags.FlagValues())
+
+
+def _typed(cfg):
+  return TrainConfig.from_dict(cfg.to_dict())
+
+
+def _propel(*overrides, config="configs/propel_cpu.py"):
+  return PropelConfig.from_dict(_parse(*overrides, config=config).to_dict())
 
 
 def test_overrides_apply():
@@ -46,7 +59,7 @@ def _live_bytes():
 def test_gpu_configs_dry_run_without_allocating(module, mesh):
   cfg = module.get_config()
   before = _live_bytes()
-  summary = loop.dry_run(cfg)
+  summary = build.dry_run(_typed(cfg))
   assert _live_bytes() - before < 1 << 20  # a 1.5B-parameter train state would be ~18 GB
   assert summary["mesh"] == mesh
   assert 1.4e9 < summary["params"] < 1.7e9  # Qwen2.5-1.5B
@@ -59,61 +72,111 @@ def test_gpu_configs_dry_run_without_allocating(module, mesh):
 
 
 def test_default_config_dry_run_matches_the_embedded_model():
-  summary = loop.dry_run(default.get_config())
+  summary = build.dry_run(_typed(default.get_config()))
   assert 1.3e8 < summary["params"] < 1.4e8  # SmolLM2-135M
   assert summary["mesh"] is None
 
 
-def test_dry_run_rejects_bad_values():
+def test_every_config_becomes_a_typed_config():
+  for module in (default, smoke, h200, multihost):
+    assert isinstance(_typed(module.get_config()), TrainConfig)
+  for module in (propel_cpu, propel_h200):
+    assert isinstance(PropelConfig.from_dict(module.get_config().to_dict()), PropelConfig)
+
+
+def test_sentinels_are_resolved_once():
+  config = _typed(default.get_config())
+  assert (config.dcp.t_min, config.dcp.t_max) == (2, 3)  # G = 4: t_min = -1 -> G/2, t_max = -2 -> G - 1
+  assert config.sft.checkpoint_dir == "workdirs/default/sft" and config.evaluator.timeout_s is None
+  assert config.learner.grad_accum_steps == config.optim.grad_accum_steps
+  propel = _propel()
+  assert propel.corpus.dir == "workdirs/propel_cpu/corpus"
+  assert propel.rl.export_dir == "workdirs/propel_cpu/generated_tasks"
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("method", "ppo", "unknown method 'ppo'"),
+    ("rollout.context", "everything", "rollout.context 'everything'"),
+    ("rollout.max_new_tokens", 4096, r"rollout.max_new_tokens \(4096\) must be below rollout.max_context_len"),
+    ("dcp.t_min", 3, r"dcp.t_min / dcp.t_max with rollout.group_size = 2"),
+    ("dcp.t_max", 5, r"dcp.t_min / dcp.t_max resolve to 1 / 5 failures, outside 0..rollout.group_size = 2"),
+    ("optim.decay_steps", 1, r"optim.decay_steps \(1\) must exceed optim.warmup_steps"),
+    ("learner.aggregation", "sum", "learner aggregation 'sum'"),
+    ("tasks.lang", "triton", "tasks.lang 'triton'"),
+    ("evaluator.isolation", "none", "evaluator.isolation 'none'"),
+    ("checkpoint.every", 0, "checkpoint.every and checkpoint.keep must be >= 1"),
+])
+def test_typed_config_rejects_bad_values_naming_the_fields(field, value, message):
   cfg = smoke.get_config()
-  cfg.method = "ppo"
-  with pytest.raises(ValueError, match="unknown method 'ppo'"):
-    loop.dry_run(cfg)
+  section, _, name = field.rpartition(".")
+  (cfg[section] if section else cfg)[name] = value
+  if field == "optim.decay_steps":
+    cfg.optim.warmup_steps = 2
+  with pytest.raises(ValueError, match=message):
+    _typed(cfg)
+
+
+def test_cross_section_rules_and_unknown_fields():
   cfg = smoke.get_config()
-  cfg.rollout.context = "everything"
-  with pytest.raises(ValueError, match="rollout.context 'everything'"):
-    loop.dry_run(cfg)
+  cfg.distributed.enabled, cfg.distributed.num_processes = True, 4
+  with pytest.raises(ValueError, match=r"rollout.num_problems \(2\) must be a multiple of distributed.num_processes"):
+    _typed(cfg)
+  d = smoke.get_config().to_dict()
+  d["rollout"]["nope"] = 1
+  with pytest.raises(ValueError, match=r"unknown config field\(s\) \['rollout.nope'\]"):
+    TrainConfig.from_dict(d)
+  d = smoke.get_config().to_dict()
+  d["steps"] = "4"
+  with pytest.raises(TypeError, match="config field 'steps' must be an int"):
+    TrainConfig.from_dict(d)
+  with pytest.raises(SystemExit, match="error: config: .*rollout.max_new_tokens"):
+    cli.to_typed(_parse("--config.rollout.max_new_tokens=5000"), TrainConfig.from_dict)
+
+
+def test_dry_run_rejects_unknown_task_ids():
   cfg = smoke.get_config()
   cfg.tasks.ids = ("no_such_task",)
   with pytest.raises(ValueError, match="no_such_task"):
-    loop.dry_run(cfg)
+    build.dry_run(_typed(cfg))
 
 
 def test_propel_configs_name_generator_levels_and_solver(tmp_path):
   from probe import pipeline  # pylint: disable=import-outside-toplevel
-  cpu = _parse("--config.generator.sft.steps=3", config="configs/propel_cpu.py")
-  gpu = _parse(f"--config.generator.model.base={tmp_path}", config="configs/propel_h200.py")
-  assert tuple(cpu.generator.levels) == (0,) and tuple(gpu.generator.levels) == (1, 2, 3)
-  assert tuple(cpu.corpus.band) == (1, 7) and tuple(gpu.corpus.band) == (1, 3)
+  cpu = _propel("--config.generator.sft.steps=3")
+  gpu = _propel(f"--config.generator.model.base={tmp_path}", config="configs/propel_h200.py")
+  assert cpu.generator.levels == (0,) and gpu.generator.levels == (1, 2, 3)
+  assert cpu.corpus.band == (1, 7) and gpu.corpus.band == (1, 3)
   assert cpu.solver.model.base == "workdirs/default/policy" and gpu.solver.model.base == "workdirs/h200/policy"
-  assert pipeline.generator_id(cpu).startswith("smollm2-135m-instruct+sft(levels=[0],shots=2,steps=3,")
-  assert pipeline.generator_id(gpu) == gpu.generator.model.base  # no cold start at paper scale
-  cpu.solver.model.base = "no/such/folder"
+  assert pipeline.generator_id(cpu.generator, cpu.seed).startswith(
+      "smollm2-135m-instruct+sft(levels=[0],shots=2,steps=3,")
+  assert pipeline.generator_id(gpu.generator, gpu.seed) == gpu.generator.model.base  # no cold start at paper scale
+  solver = dataclasses.replace(cpu.solver, model=dataclasses.replace(cpu.solver.model, base="no/such/folder"))
   with pytest.raises(FileNotFoundError, match="solver.model.base 'no/such/folder' does not exist"):
-    pipeline.make_solver(cpu, evaluator=None)
+    pipeline.make_solver(solver, None, cpu.lang, cpu.seed)
 
 
 def test_propel_h200_requires_a_generator_folder(tmp_path):
   from probe import pipeline  # pylint: disable=import-outside-toplevel
-  gpu = _parse(f"--config.workdir={tmp_path}", config="configs/propel_h200.py")
-  for needs_generator in (pipeline.generator_id, pipeline.load_generator):
+  gpu = _propel(f"--config.workdir={tmp_path}", config="configs/propel_h200.py")
+  for needs_generator in (lambda: pipeline.generator_id(gpu.generator, gpu.seed),
+                          lambda: pipeline.load_generator(gpu.generator, gpu.workdir, gpu.seed)):
     with pytest.raises(ValueError, match=r"generator.model.base is not set.*--config.generator.model.base="):
-      needs_generator(gpu)
-  gpu = _parse(f"--config.workdir={tmp_path}", "--config.generator.model.base=no/such/folder",
-               config="configs/propel_h200.py")
+      needs_generator()
+  gpu = _propel(f"--config.workdir={tmp_path}", "--config.generator.model.base=no/such/folder",
+                config="configs/propel_h200.py")
   with pytest.raises(FileNotFoundError, match="generator.model.base 'no/such/folder' does not exist"):
-    pipeline.load_generator(gpu)
+    pipeline.load_generator(gpu.generator, gpu.workdir, gpu.seed)
 
 
 def test_generator_sft_folder_must_hold_this_configs_generator(tmp_path):
   from probe import pipeline  # pylint: disable=import-outside-toplevel
-  cfg = _parse(f"--config.workdir={tmp_path}", config="configs/propel_cpu.py")
-  folder = pipeline.generator_sft_dir(cfg)
+  cfg = _propel(f"--config.workdir={tmp_path}")
+  folder = pipeline.generator_sft_dir(cfg.workdir)
   folder.mkdir()
   (folder / "config.json").write_text("{}")
   with pytest.raises(ValueError, match="holds the generator None, but this config's generator is"):
-    pipeline.load_generator(cfg)
-  other = _parse(f"--config.workdir={tmp_path}", "--config.generator.num_shots=1", config="configs/propel_cpu.py")
-  (folder / pipeline.SFT_RECORD).write_text(json.dumps({"generator": pipeline.generator_id(other)}))
+    pipeline.load_generator(cfg.generator, cfg.workdir, cfg.seed)
+  other = _propel(f"--config.workdir={tmp_path}", "--config.generator.num_shots=1")
+  (folder / pipeline.SFT_RECORD).write_text(json.dumps({"generator": pipeline.generator_id(other.generator, 0)}))
   with pytest.raises(ValueError, match=r"shots=1.*but this config's generator is .*shots=2.*remove the folder"):
-    pipeline.load_generator(cfg)
+    pipeline.load_generator(cfg.generator, cfg.workdir, cfg.seed)

@@ -15,7 +15,8 @@ import kernels_eval
 from configs import smoke
 from kernels_eval import task as task_lib
 from leap_jax.sampling import ChatFormat, Sampler, SamplingParams
-from leap_jax.train import loop
+from leap_jax.train import build
+from leap_jax.train.config import TrainConfig
 from leap_jax.train.learner import Learner, LearnerConfig, model_logprob_fn
 from probe import activations
 from probe import corpus
@@ -116,9 +117,10 @@ def test_export_loads_as_task_folder(tmp_path):
   assert {t.id for t in tasks} == {p.stem for p in paths} and all(t.split == "train" for t in tasks)
   cfg = smoke.get_config()  # the LEAP trainer's task pool, pointed at the exported folder
   cfg.tasks.folder, cfg.tasks.levels = str(tmp_path / "pool"), (0, 1, 2, 3)
-  pool = loop.select_tasks(cfg.tasks.lang, cfg.tasks.levels, cfg.tasks.split, cfg.tasks.ids, cfg.tasks.folder)
+  config = TrainConfig.from_dict(cfg.to_dict())
+  pool = build.pool_tasks(config.tasks)
   assert sorted(t.id for t in pool) == sorted(t.id for t in tasks) and not any(t.trusted for t in pool)
-  assert loop.dry_run(cfg)["tasks"] == len(tasks)
+  assert build.dry_run(config)["tasks"] == len(tasks)
 
 
 @pytest.fixture(scope="module")
@@ -183,7 +185,7 @@ def test_grpo_steps_move_the_probe_reward(toy):
 
 
 def test_generator_sft_examples_hold_out_their_target():
-  tok = loop._load_tokenizer("smollm2-135m-instruct")  # pylint: disable=protected-access
+  tok = build.load_tokenizer_from("smollm2-135m-instruct")
   chat = ChatFormat(tok)
   examples = generator.suite_examples((0,))
   pairs = generator_sft.sft_examples(examples, chat, tok, num_shots=1, levels=(0,), seed=0, per_task=2)

@@ -12,6 +12,8 @@ from leap_jax.models import ModelConfig, Transformer
 from leap_jax.sampling.gpu_section import section_device
 from leap_jax.train import gpu_section
 from leap_jax.train import learner as learner_lib
+from leap_jax.train import optim
+from leap_jax.train.config import from_mapping
 
 def _written(tmp_path) -> dict:
   return json.loads((tmp_path / "gpu_learner.json").read_text())
@@ -29,10 +31,9 @@ def test_model_shape_and_cpu_report(tmp_path, capsys):
 
 
 def test_defaults_match_the_training_configs():
-  """DEFAULT_OPTIM and LearnerConfig() are configs/common's optim and learner sections."""
-  optim_cfg = common.optim()
-  assert vars(gpu_section.DEFAULT_OPTIM) == {k: optim_cfg[k] for k in vars(gpu_section.DEFAULT_OPTIM)}
-  assert learner_lib.LearnerConfig() == learner_lib.LearnerConfig.from_configs(common.learner(), optim_cfg)
+  """OptimConfig() and LearnerConfig() (the section's defaults) are configs/common's optim and learner sections."""
+  assert optim.OptimConfig() == from_mapping(optim.OptimConfig, common.optim().to_dict())
+  assert learner_lib.LearnerConfig() == from_mapping(learner_lib.LearnerConfig, common.learner().to_dict())
 
 
 def test_model_flops_formula():

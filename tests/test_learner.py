@@ -12,6 +12,7 @@ from leap_jax.models import sharding as model_sharding
 from leap_jax.train import learner as learner_lib
 from leap_jax.train import objectives, optim
 from leap_jax.train.batch import batch_from_numpy
+from leap_jax.train.config import from_mapping
 
 TINY = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
@@ -40,6 +41,7 @@ def on_policy_batch(tiny):
 
 
 def _configs(**learner_overrides):
+  """(OptimConfig, LearnerConfig) of configs/common.py's sections with lr 1e-3 and the overrides."""
   optim_cfg = common.optim()
   optim_cfg.learning_rate = 1e-3
   learner_cfg = common.learner()
@@ -48,7 +50,8 @@ def _configs(**learner_overrides):
       optim_cfg[k] = v
     else:
       learner_cfg[k] = v
-  return optim_cfg, learner_cfg
+  typed = from_mapping(optim.OptimConfig, optim_cfg.to_dict())
+  return typed, from_mapping(learner_lib.LearnerConfig, learner_cfg.to_dict(), grad_accum_steps=typed.grad_accum_steps)
 
 
 _LEARNERS = {}
@@ -66,7 +69,7 @@ def _new_learner(logprob_fn, mesh=None, optimizer=None, **overrides):
   optim_cfg, learner_cfg = _configs(**overrides)
   optimizer = optim.make_optimizer(optim_cfg) if optimizer is None else optimizer
   return learner_lib.Learner(logprob_fn, optimizer,
-                             learner_lib.LearnerConfig.from_configs(learner_cfg, optim_cfg), mesh=mesh,
+                             learner_cfg, mesh=mesh,
                              lr_schedule=optim.learning_rate_schedule(optim_cfg))
 
 
@@ -124,16 +127,13 @@ def test_truncated_is_weight_caps():
 
 
 def test_schedule_warmup_cosine_and_decay_mask():
-  cfg = common.optim()
-  cfg.learning_rate, cfg.warmup_steps, cfg.decay_steps, cfg.end_ratio = 1.0, 2, 6, 0.1
-  lr = optim.learning_rate_schedule(cfg)
+  lr = optim.learning_rate_schedule(optim.OptimConfig(learning_rate=1.0, warmup_steps=2, decay_steps=6,
+                                                      end_ratio=0.1))
   np.testing.assert_allclose([float(lr(n)) for n in (0, 1, 2, 4, 6, 9)],
                              [0.5, 1.0, 1.0, 0.1 + 0.9 * 0.5, 0.1, 0.1], rtol=1e-6)
-  cfg.decay_steps = 2
   with pytest.raises(ValueError, match="decay_steps"):
-    optim.learning_rate_schedule(cfg)
-  cfg = common.optim()
-  cfg.learning_rate, cfg.weight_decay = 0.1, 0.5
+    optim.OptimConfig(learning_rate=1.0, warmup_steps=2, decay_steps=2)
+  cfg = optim.OptimConfig(learning_rate=0.1, weight_decay=0.5)
   tx = optim.make_optimizer(cfg)
   params = {"w": jnp.ones((2, 2)), "scale": jnp.ones((2,))}
   updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)

@@ -15,12 +15,13 @@ import kernels_eval
 from configs import smoke
 from kernels_eval import schema
 from leap_jax import rewards
-from leap_jax.rollout import batching
 from leap_jax.rollout import methods
 from leap_jax.rollout import prompts
 from leap_jax.rollout.harness import NOT_GENERATED, STATUS_NAMES, TRUNCATED
 from leap_jax.sampling import Completion
-from leap_jax.train import loop
+from leap_jax.train import batching
+from leap_jax.train import build
+from leap_jax.train.config import TrainConfig
 
 P, G, T = 3, 4, 3
 # OUTCOME[p, g, t]: whether turn t of episode (p, g) passes, if it is run.
@@ -87,14 +88,22 @@ def setup():
   cfg.rollout.num_problems, cfg.rollout.group_size, cfg.rollout.num_turns = P, G, T
   cfg.rollout.max_new_tokens = 4
   cfg.rollout.overlap = "off"
-  model, tokenizer = loop.load_base_model(cfg)
-  policy = loop.Policy.from_model(model, tokenizer, cfg.rollout.max_context_len)
-  tasks = loop.select_tasks("pallas", (0,), "train")[:P]
+  config = TrainConfig.from_dict(cfg.to_dict())
+  model, tokenizer = build.load_model(config.model, config.seed)
+  policy = build.Policy.from_model(model, tokenizer, config.rollout.max_context_len)
+  tasks = build.select_tasks("pallas", (0,), "train")[:P]
   reply_ids = list(tokenizer.encode(REPLY, add_special_tokens=False)) + [policy.chat.stop_ids[0]]
   return cfg, policy, tasks, reply_ids
 
 
 _RUNS = {}
+
+
+def make_rollout(cfg, policy, evaluator, method, sampler):
+  """A rollout of `method` under the ConfigDict `cfg`, sampled by `sampler`."""
+  config = TrainConfig.from_dict(cfg.to_dict())
+  return build.Rollouts(config.rollout, config.dcp, config.tasks.lang, config.seed).make(policy, evaluator, method,
+                                                                                        sampler)
 
 
 def _run(setup, name):
@@ -108,7 +117,7 @@ def _rollout(setup, name):
   cfg, policy, tasks, reply_ids = setup
   recorder = RecordingPolicy(policy.sampler, reply_ids)
   evaluator = ScriptedEvaluator()
-  rollout = loop.make_rollout(cfg, policy, evaluator, methods.get_method(name), loop.rollout_settings(cfg), recorder)
+  rollout = make_rollout(cfg, policy, evaluator, methods.get_method(name), recorder)
   return rollout.run(policy.params, tasks, step=0), recorder, evaluator, len(reply_ids)
 
 
@@ -160,8 +169,7 @@ def test_overlap_samples_later_turns_in_two_calls_with_the_same_outcome(setup):
   cfg = cfg.copy_and_resolve_references()
   cfg.rollout.overlap = "on"
   recorder = RecordingPolicy(policy.sampler, reply_ids)
-  rollout = loop.make_rollout(cfg, policy, ScriptedEvaluator(), methods.get_method("leap"),
-                              loop.rollout_settings(cfg), recorder)
+  rollout = make_rollout(cfg, policy, ScriptedEvaluator(), methods.get_method("leap"), recorder)
   batch = rollout.run(policy.params, tasks, step=0)
   reference = _run(setup, "leap")[0]
   np.testing.assert_array_equal(batch.generated, reference.generated)
@@ -183,8 +191,7 @@ def test_latest_context_starts_fresh_prompts(setup):
   cfg = cfg.copy_and_resolve_references()
   cfg.rollout.context = "latest"
   recorder = RecordingPolicy(policy.sampler, reply_ids)
-  rollout = loop.make_rollout(cfg, policy, ScriptedEvaluator(), methods.get_method("leap"),
-                              loop.rollout_settings(cfg), recorder)
+  rollout = make_rollout(cfg, policy, ScriptedEvaluator(), methods.get_method("leap"), recorder)
   batch = rollout.run(policy.params, tasks, step=0)
   np.testing.assert_array_equal(batch.generated, _expected_keep("leap"))
   e = 1 * G + 1  # expanded group 1, sample 1: three turns, three separate token records
@@ -202,8 +209,8 @@ def test_truncated_episodes_stop_and_follow_the_config(setup):
   for truncated_as in ("failure", "invalid"):
     c = cfg.copy_and_resolve_references()
     c.rollout.truncated_as = truncated_as
-    rollout = loop.make_rollout(c, small, ScriptedEvaluator(), methods.get_method("leap_no_dcp"),
-                                loop.rollout_settings(c), RecordingPolicy(small.sampler, reply_ids))
+    rollout = make_rollout(c, small, ScriptedEvaluator(), methods.get_method("leap_no_dcp"),
+                           RecordingPolicy(small.sampler, reply_ids))
     batch = rollout.run(policy.params, tasks, step=0)
     truncated = batch.truncated.any(-1)
     assert truncated.any()
@@ -275,12 +282,12 @@ def test_each_turn_trains_on_its_own_advantage_under_both_contexts(setup, name):
   cfg, policy, tasks, reply_ids = setup
   method = methods.get_method(name)
   if name == "leap":
-    method = dataclasses.replace(method, gamma=0.5)
+    method = dataclasses.replace(method, credit=methods.RankCredit(gamma=0.5))
   for context in prompts.CONTEXT_POLICIES:
     c = cfg.copy_and_resolve_references()
     c.rollout.context = context
-    rollout = loop.make_rollout(c, policy, ScriptedEvaluator(), method, loop.rollout_settings(c),
-                                ContextPolicy(reply_ids, c.rollout.max_context_len))
+    rollout = make_rollout(c, policy, ScriptedEvaluator(), method,
+                           ContextPolicy(reply_ids, c.rollout.max_context_len))
     batch = rollout.run(policy.params, tasks, step=0)
     adv = methods.credit(method, batch.success, batch.keep, batch.valid, batch.speedup).advantages
     assert any(len(set(adv[p, g][batch.keep[p, g]])) > 1 for p, g in np.ndindex(P, G))  # turns differ
@@ -306,8 +313,8 @@ def test_a_row_truncated_at_turn_1_stays_finished(setup, name, num_turns):
   c.rollout.num_turns, c.dcp.t_min, c.dcp.t_max = num_turns, -1, -1  # all-fail groups expand
   for context in prompts.CONTEXT_POLICIES:
     c.rollout.context = context
-    rollout = loop.make_rollout(c, policy, FailingEvaluator(), methods.get_method(name), loop.rollout_settings(c),
-                                ContextPolicy(reply_ids, cache_len))
+    rollout = make_rollout(c, policy, FailingEvaluator(), methods.get_method(name),
+                           ContextPolicy(reply_ids, cache_len))
     batch = rollout.run(policy.params, padded, step=0)
     np.testing.assert_array_equal(batch.status[:2, :, 0], TRUNCATED)
     np.testing.assert_array_equal(batch.status[:2, :, 1:], NOT_GENERATED)

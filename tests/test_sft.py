@@ -10,7 +10,8 @@ from configs import smoke
 from leap_jax.models import ModelConfig, Transformer
 from leap_jax.rollout import prompts
 from leap_jax.sampling import ChatFormat
-from leap_jax.train import loop, sft
+from leap_jax.train import build, sft
+from leap_jax.train.config import TrainConfig
 
 TINY = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
@@ -49,9 +50,9 @@ def test_truncated_gradient_has_the_exact_loss_and_both_modes_learn():
 
 def test_examples_use_the_rollout_prompt_and_a_fenced_trusted_solution():
   cfg = smoke.get_config()
-  tokenizer = loop._load_tokenizer(cfg.model.tokenizer)
+  tokenizer = build.load_tokenizer_from(cfg.model.tokenizer)
   chat = ChatFormat(tokenizer)
-  tasks = sft.sft_tasks(cfg)
+  tasks = sft.sft_tasks(TrainConfig.from_dict(cfg.to_dict()).sft, cfg.tasks.lang)
   assert {t.level for t in tasks} == {0, 1} and all(t.split == "train" for t in tasks)
   assert {"row_mean", "transpose"} <= {t.id for t in tasks}
   task = tasks[0]

@@ -7,6 +7,7 @@ pass rate before and after RL (2 samples per task) is then exactly 1/2, and the 
 evaluation (one trajectory per task, each one a replay) solves every task at turn 1.
 """
 import json
+import pathlib
 import re
 
 import jax
@@ -21,7 +22,9 @@ from leap_jax.models import Transformer
 from leap_jax.models import pretrained
 from leap_jax.rollout import prompts
 from leap_jax.sampling import Completion, sequence_logprobs
+from leap_jax.train import build
 from leap_jax.train import loop
+from leap_jax.train.config import TrainConfig
 
 TASKS = {t.id: t for t in kernels_eval.load_tasks()}
 # Compiling the sampler and the learner dominates; on a loaded 2-core machine it can take minutes.
@@ -34,7 +37,7 @@ class ReplayPolicy:
   Replayed tokens carry their log-probs under the sampled weights, as a sampler would record them.
   """
 
-  def __init__(self, policy: loop.Policy, lang: str, temperature: float):
+  def __init__(self, policy: build.Policy, lang: str, temperature: float):
     self.policy, self.lang = policy, lang
     self.replayed = 0
     self._logprobs = jax.jit(lambda w, t, m: sequence_logprobs(policy.graphdef, w, t, m, temperature=temperature))
@@ -70,6 +73,7 @@ def run(tmp_path_factory):
   cfg.heldout.every = 2  # a held-out point before RL and after step 2, which the end of training reuses
   cfg.metrics.plot_at_end = True
   cfg.learner.kl_beta = 0.05  # KL to the frozen starting policy (the loop once passed no reference)
+  cfg = TrainConfig.from_dict(cfg.to_dict())
   replays = []
 
   def make(policy):
@@ -83,8 +87,8 @@ def run(tmp_path_factory):
 def test_two_steps_train_on_mixed_groups(run):
   cfg, result, replay = run
   assert [row["step"] for row in result.history] == [0, 1]
-  pool = loop.select_tasks(cfg.tasks.lang, cfg.tasks.levels, cfg.tasks.split)
-  heldout = loop.select_tasks(cfg.tasks.lang, cfg.heldout.levels, cfg.heldout.split)
+  pool = build.select_tasks(cfg.tasks.lang, cfg.tasks.levels, cfg.tasks.split)
+  heldout = build.select_tasks(cfg.tasks.lang, cfg.heldout.levels, cfg.heldout.split)
   assert replay.replayed == 2 * cfg.rollout.num_problems + 2 * len(pool) + 2 * len(heldout)
   for m in result.history:
     assert m["status/correct"] > 0  # the real evaluator accepted the replayed trusted solutions
@@ -108,11 +112,11 @@ def test_kl_to_the_frozen_starting_policy(run):
 
 def test_parameters_changed_and_outputs_written(run):
   cfg, result, _ = run
-  initial = nnx.state(Transformer(loop.model_config(cfg), rngs=nnx.Rngs(cfg.seed)))
+  initial = nnx.state(Transformer(build.model_config(cfg.model), rngs=nnx.Rngs(cfg.seed)))
   moved = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), initial, result.state.params)
   assert max(jax.tree.leaves(moved)) > 0
   assert int(result.state.step) == 2
-  workdir = loop.workdir(cfg)
+  workdir = pathlib.Path(cfg.workdir)
   assert (workdir / "checkpoints").is_dir() and (workdir / "run_record.json").is_file()
   lines = (workdir / "metrics.jsonl").read_text().splitlines()
   assert len(lines) == 2 and "time/learn" in json.loads(lines[0])
@@ -122,11 +126,11 @@ def test_parameters_changed_and_outputs_written(run):
 
 def test_pass_rates_before_and_after_rl_and_heldout(run):
   cfg, result, _ = run
-  pool = loop.select_tasks(cfg.tasks.lang, cfg.tasks.levels, cfg.tasks.split)
+  pool = build.select_tasks(cfg.tasks.lang, cfg.tasks.levels, cfg.tasks.split)
   for check in (result.precheck, result.postcheck):
     assert check["pass_rate@1"] == pytest.approx(0.5)  # sample 0 replays, sample 1 is the random policy's
     assert check["per_task"] == {t.id: 0.5 for t in pool}
-  workdir = loop.workdir(cfg)
+  workdir = pathlib.Path(cfg.workdir)
   assert json.loads((workdir / "postcheck.json").read_text())["pass_rate@1"] == pytest.approx(0.5)
   assert result.heldout["Acc@1"] == result.heldout["Acc@2"] == 1.0
   assert all(turn == 1 for turn in result.heldout["solved_by_turn"].values())
@@ -146,6 +150,6 @@ def test_final_policy_exported_and_latest_checkpoint_restored(run):
   assert step == 2
   for a, b in zip(flat(policy.params), flat(result.state.params), strict=True):
     np.testing.assert_array_equal(a, b)
-  exported, _ = pretrained.load_pretrained(loop.policy_dir(cfg), scan_layers=cfg.model.scan_layers)
+  exported, _ = pretrained.load_pretrained(pathlib.Path(cfg.workdir) / "policy", scan_layers=cfg.model.scan_layers)
   for a, b in zip(flat(nnx.state(exported)), flat(result.state.params), strict=True):
     np.testing.assert_array_equal(a, b)

@@ -1,5 +1,4 @@
 """Multi-turn rollouts for kernel-writing policies: task order, prompts, methods and the rollout harness."""
-from leap_jax.rollout.batching import rollout_metrics, to_train_batch
 from leap_jax.rollout.harness import Rollout, RolloutBatch, RolloutSettings, request_id
 from leap_jax.rollout.methods import METHODS, Method, credit, get_method
 from leap_jax.rollout.task_pool import TaskPool

@@ -40,7 +40,7 @@ TRUNCATED = len(schema.STATUSES)  # status code of a truncated turn
 NOT_GENERATED = -1
 
 
-class Policy(Protocol):
+class SamplerLike(Protocol):
   """What the harness samples from: `leap_jax.sampling.Sampler` or a test double with its interface."""
 
   def start(self, weights, prompts: Sequence[Sequence[int]], num_samples: int, key, *, max_new_tokens: int,
@@ -87,10 +87,6 @@ class RolloutSettings:
       raise ValueError(f"rollout.eval_retries must be >= 0, got {self.eval_retries}")
     if self.overlap not in ("auto", "on", "off"):
       raise ValueError(f"rollout.overlap {self.overlap!r} is not one of ('auto', 'on', 'off')")
-
-  @classmethod
-  def from_config(cls, c) -> "RolloutSettings":
-    return cls(**{f.name: c[f.name] for f in dataclasses.fields(cls) if f.name in c})
 
   @property
   def sampling(self) -> sampler_lib.SamplingParams:
@@ -145,8 +141,12 @@ class RolloutBatch:
     return self.generated & self.valid[..., None]
 
 
-def request_id(seed: int, step: int, episode: int, turn: int, attempt: int = 0) -> str:
-  rid = f"s{seed}-k{step}-e{episode}-t{turn}"
+def request_id(seed: int, step: int, episode: int, turn: int) -> str:
+  return f"s{seed}-k{step}-e{episode}-t{turn}"
+
+
+def retry_id(rid: str, attempt: int) -> str:
+  """The request id of retry `attempt` (0: the first try) of request `rid`."""
   return rid if attempt == 0 else f"{rid}-r{attempt}"
 
 
@@ -154,7 +154,7 @@ class Rollout:
   """Runs rollout steps for one method.
 
   Args:
-    policy: a Sampler (or test double) whose completions end in the chat format's stop ids.
+    sampler: a Sampler (or test double) whose completions end in the chat format's stop ids.
     chat: a `leap_jax.sampling.chat.ChatFormat`.
     evaluator: has `evaluate_many(requests: list[kernels_eval.EvalRequest]) -> list[EvalResult]`.
     method: a `methods.Method`.
@@ -164,9 +164,9 @@ class Rollout:
     dcp: (t_min, t_max) for the `dcp` keep rule.
   """
 
-  def __init__(self, policy: Policy, chat, evaluator: Evaluator, *, method: methods_lib.Method,
+  def __init__(self, sampler: SamplerLike, chat, evaluator: Evaluator, *, method: methods_lib.Method,
                settings: RolloutSettings, lang: str, seed: int, dcp: tuple[int, int]):
-    self.policy = policy
+    self.sampler = sampler
     self.chat = chat
     self.evaluator = evaluator
     self.method = method
@@ -205,7 +205,7 @@ class Rollout:
       if t == 0:
         started = time.perf_counter()
         first = [self.chat.first_turn(text, system) for text in texts]
-        state, completions = self.policy.start(weights, first, G, sampler_lib.row_keys(self.seed, step, rows, t),
+        state, completions = self.sampler.start(weights, first, G, sampler_lib.row_keys(self.seed, step, rows, t),
                                                max_new_tokens=s.max_new_tokens, sampling=s.sampling)
         out.timings["generate"] += time.perf_counter() - started
         out.counters["turn_calls"] += 1
@@ -237,11 +237,11 @@ class Rollout:
         if s.context == "episode":
           new_turns = [self.chat.feedback_turn(self._feedback(out, r, t - 1),
                                                out.segments[r][-1].completion(t - 1)) for r in chunk]
-          state, completions = self.policy.continue_(weights, state, chunk, new_turns, keys,
+          state, completions = self.sampler.continue_(weights, state, chunk, new_turns, keys,
                                                      max_new_tokens=s.max_new_tokens, sampling=s.sampling)
         else:
           new_turns = [self.chat.first_turn(self._latest_user(out, texts, r, t - 1), system) for r in chunk]
-          _, completions = self.policy.start(weights, new_turns, 1, keys, max_new_tokens=s.max_new_tokens,
+          _, completions = self.sampler.start(weights, new_turns, 1, keys, max_new_tokens=s.max_new_tokens,
                                              sampling=s.sampling)
         out.timings["generate"] += time.perf_counter() - started
         out.counters["turn_calls"] += 1
@@ -295,7 +295,7 @@ class Rollout:
     attempt = 0
     while pending:
       requests = [kernels_eval.EvalRequest(task=task, source=code, lang=self.lang,
-                                           request_id=rid if attempt == 0 else f"{rid}-r{attempt}")
+                                           request_id=retry_id(rid, attempt))
                   for _, _, _, task, code, rid in pending]
       results = self.evaluator.evaluate_many(requests)
       if len(results) != len(requests):

@@ -48,6 +48,7 @@ from jax import monitoring
 from jax.sharding import SingleDeviceSharding
 
 from leap_jax.models import ModelConfig, Transformer, init_cache
+from leap_jax.models import architectures
 from leap_jax.sampling.sampler import SamplingParams, _decode, _last_logits
 
 FILE_NAME = "gpu_sampler.json"
@@ -59,11 +60,9 @@ PEAK_HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}
 _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
                    "/jax/core/compile/backend_compile_duration")
 
-QWEN25_1P5B = dict(
-    model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28,
-    num_heads=12, num_kv_heads=2, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
-    max_position_embeddings=32768, qkv_bias=True, tie_word_embeddings=True, dtype="bfloat16",
-    param_dtype="bfloat16", scan_layers=True)
+# Qwen2.5-1.5B's architecture as ModelConfig fields, in bf16 with scanned layers.
+QWEN25_1P5B = dataclasses.asdict(ModelConfig.from_hf_config(architectures.QWEN25_1P5B, dtype="bfloat16",
+                                                             param_dtype="bfloat16", scan_layers=True))
 TINY = dict(
     model_type="qwen2", vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
     num_kv_heads=2, head_dim=16, max_position_embeddings=256, qkv_bias=True, tie_word_embeddings=True,

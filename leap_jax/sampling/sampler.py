@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 
 from leap_jax.models import ModelConfig, init_cache
-from leap_jax.sampling.logprobs import effective_temperature, token_logprobs
+from leap_jax.sampling.logprobs import token_logprobs
 
 FINISH_REASONS = ("stop", "length", "truncated")
 _STOP, _LENGTH, _TRUNCATED, _RUNNING = 0, 1, 2, -1
@@ -319,49 +319,74 @@ class Sampler:
       finished as truncated with no tokens and its cache row is left as it was.
     """
     rows = np.asarray(rows, np.int64).reshape(-1)
-    if len(rows) != len(new_turn_tokens):
-      raise ValueError(f"{len(rows)} rows but {len(new_turn_tokens)} new turns")
-    if len(set(rows.tolist())) != len(rows):
-      raise ValueError("rows must be distinct")
-    if len(rows) and (rows.min() < 0 or rows.max() >= state.num_rows):
-      raise ValueError(f"rows must be in [0, {state.num_rows}), got {rows.min()}..{rows.max()}")
-    if max_new_tokens <= 0:
-      raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+    _check_continue_args(state, rows, new_turn_tokens, max_new_tokens)
     turns = [_check_ids(f"new turn of row {r}", t) for r, t in zip(rows, new_turn_tokens)]
     all_keys = _row_keys(key, rows, len(rows))
-    S = self.cache_len
-    fits = np.array([state.lengths[r] + len(t) < S for r, t in zip(rows, turns)], bool)
+    fits = np.array([state.lengths[r] + len(t) < self.cache_len for r, t in zip(rows, turns)], bool)
     results: dict[int, Completion] = {
         int(r): Completion(int(r), np.zeros((0,), np.int32), np.zeros((0,), np.float32), "truncated")
         for r, ok in zip(rows, fits) if not ok}
     live = np.flatnonzero(fits)
     if len(live):
-      R = bucket_length(len(live), 1)
-      Lp = min(bucket_length(max(len(turns[i]) for i in live) + 1, self.min_bucket), S)
-      index = np.full((R,), state.num_rows, np.int32)  # padding rows point past the batch: writes dropped
-      tokens = np.full((R, Lp), self.pad_id, np.int32)
-      starts = np.zeros((R,), np.int32)
-      lengths = np.ones((R,), np.int32)
-      for j, i in enumerate(live):
-        r = rows[i]
-        index[j] = r
-        tokens[j, 0] = state.last_tokens[r]
-        tokens[j, 1:len(turns[i]) + 1] = turns[i]
-        starts[j] = state.lengths[r] - 1
-        lengths[j] = len(turns[i]) + 1
-      keys = all_keys[np.concatenate([live, np.full(R - len(live), live[0])])]
-      cache, new, logprobs, count, reason = self._continue(
-          weights, state.cache, jnp.asarray(index), jnp.asarray(tokens), jnp.asarray(starts),
-          jnp.asarray(lengths), keys, max_new_tokens=max_new_tokens, params=sampling,
-          window=self._window(int((starts + lengths).max()) + max_new_tokens))
-      state = dataclasses.replace(state, cache=cache, lengths=state.lengths.copy(),
-                                  last_tokens=state.last_tokens.copy())
-      for i in live:
-        state.lengths[rows[i]] += len(turns[i])
-      for c in self._collect(state, rows[live], new[:len(live)], logprobs[:len(live)], count[:len(live)],
-                             reason[:len(live)]):
-        results[c.row] = c
+      state, completions = self._continue_rows(weights, state, rows[live], [turns[i] for i in live],
+                                               all_keys[live], max_new_tokens=max_new_tokens, sampling=sampling)
+      results.update((c.row, c) for c in completions)
     return state, [results[int(r)] for r in rows]
+
+  def _continue_rows(self, weights: nnx.State, state: SamplerState, rows: np.ndarray, turns: list[list[int]],
+                     keys: jax.Array, *, max_new_tokens: int, sampling: SamplingParams
+                     ) -> tuple[SamplerState, list[Completion]]:
+    """`continue_` for n rows whose new turn leaves a free slot, in one padded call of R rows.
+
+    Args:
+      rows: int[n] distinct row indices of the state.
+      turns: per row, the ids of its new turn.
+      keys: [n] typed PRNG keys, one per row.
+
+    Returns:
+      (the new state with the turns and completions appended, n completions in `rows` order).
+    """
+    index, tokens, starts, lengths = self._new_turn_prefill(state, rows, turns)
+    n, R = len(rows), len(index)
+    keys = keys[np.concatenate([np.arange(n), np.zeros(R - n, np.int64)])]  # padding rows reuse the first key
+    cache, new, logprobs, count, reason = self._continue(
+        weights, state.cache, jnp.asarray(index), jnp.asarray(tokens), jnp.asarray(starts),
+        jnp.asarray(lengths), keys, max_new_tokens=max_new_tokens, params=sampling,
+        window=self._window(int((starts + lengths).max()) + max_new_tokens))
+    state = dataclasses.replace(state, cache=cache, lengths=state.lengths.copy(),
+                                last_tokens=state.last_tokens.copy())
+    for r, turn in zip(rows, turns):
+      state.lengths[r] += len(turn)
+    return state, self._collect(state, rows, new[:n], logprobs[:n], count[:n], reason[:n])
+
+  def _new_turn_prefill(self, state: SamplerState, rows: np.ndarray, turns: list[list[int]]
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The prefill inputs of n new turns, padded to R = bucket_length(n, 1) rows of Lp tokens.
+
+    Row j prefills rows[j]'s last token (its key/value may not be in the cache yet) and then turns[j], from
+    position state.lengths[rows[j]] - 1.
+
+    Args:
+      rows: int[n] row indices of the state.
+      turns: per row, the ids of its new turn (non-empty, fitting the cache).
+
+    Returns:
+      (index int32[R] the state rows, past the batch for padding rows so their cache writes are dropped;
+      tokens int32[R, Lp]; starts int32[R] each row's first position; lengths int32[R] its real tokens).
+    """
+    R = bucket_length(len(rows), 1)
+    Lp = min(bucket_length(max(len(t) for t in turns) + 1, self.min_bucket), self.cache_len)
+    index = np.full((R,), state.num_rows, np.int32)  # padding rows point past the batch: writes dropped
+    tokens = np.full((R, Lp), self.pad_id, np.int32)
+    starts = np.zeros((R,), np.int32)
+    lengths = np.ones((R,), np.int32)
+    for j, (r, turn) in enumerate(zip(rows, turns)):
+      index[j] = r
+      tokens[j, 0] = state.last_tokens[r]
+      tokens[j, 1:len(turn) + 1] = turn
+      starts[j] = state.lengths[r] - 1
+      lengths[j] = len(turn) + 1
+    return index, tokens, starts, lengths
 
   def _collect(self, state: SamplerState, rows: np.ndarray, new, logprobs, count, reason) -> list[Completion]:
     """Moves a call's outputs to the host, updates the state's lengths / last tokens in place."""
@@ -393,6 +418,19 @@ def _row_keys(key: jax.Array, rows: np.ndarray, count: int) -> jax.Array:
   if key.shape != (count,):
     raise ValueError(f"expected one key or {count} row keys, got keys of shape {key.shape}")
   return key
+
+
+def _check_continue_args(state: SamplerState, rows: np.ndarray, new_turn_tokens: Sequence[Sequence[int]],
+                         max_new_tokens: int) -> None:
+  """Raises ValueError unless `rows` (int[n]) are distinct rows of `state`, one per new turn, and T > 0."""
+  if len(rows) != len(new_turn_tokens):
+    raise ValueError(f"{len(rows)} rows but {len(new_turn_tokens)} new turns")
+  if len(set(rows.tolist())) != len(rows):
+    raise ValueError("rows must be distinct")
+  if len(rows) and (rows.min() < 0 or rows.max() >= state.num_rows):
+    raise ValueError(f"rows must be in [0, {state.num_rows}), got {rows.min()}..{rows.max()}")
+  if max_new_tokens <= 0:
+    raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
 
 
 def _check_ids(name: str, ids: Sequence[int]) -> list[int]:

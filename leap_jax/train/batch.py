@@ -9,6 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def round_up(n: int, multiple: int) -> int:
+  """The smallest multiple of `multiple` that is >= n."""
+  return -(-n // multiple) * multiple
+
+
 @flax.struct.dataclass
 class TrainBatch:
   """One batch of episodes, each a single token sequence (all turns concatenated).

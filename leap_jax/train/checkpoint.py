@@ -8,20 +8,17 @@ A checkpoint at train step n holds:
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
-import ml_collections
 import orbax.checkpoint as ocp
 
 ITEMS = ("state", "sampler", "config")
 
 
 def _as_json(config: Any) -> dict:
-  if isinstance(config, ml_collections.ConfigDict):
-    return config.to_dict()
-  if not isinstance(config, dict):
-    raise TypeError(f"checkpoint config must be a ConfigDict or dict, got {type(config).__name__}")
-  return config
+  if not isinstance(config, Mapping):
+    raise TypeError(f"checkpoint config must be a JSON-able mapping, got {type(config).__name__}")
+  return dict(config)
 
 
 class Checkpointer:

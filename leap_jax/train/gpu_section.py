@@ -8,7 +8,7 @@ OUT_DIR/gpu_learner.json is rewritten after each one:
   matmul      the device's bf16 matmul rate: [n, n] @ [n, n] with n = 8192, 10 calls back to back after a
               warm-up: tflops = 2 n^3 / seconds / 1e12.
   first_step  builds the policy (scanned layers, remat "full"), the learner with the library's defaults
-              (`LearnerConfig()`, `optim.make_optimizer` with DEFAULT_OPTIM) and its state, commits state and
+              (`LearnerConfig()`, `optim.make_optimizer(OptimConfig())`) and its state, commits state and
               batch to the device (so the donated state comes back with the same shardings and later steps
               reuse the executable), then runs one step: compile_s (trace + lowering + XLA compile, from
               `jax.monitoring`), first_step_s (its wall time), setup_s (building all of it).
@@ -39,7 +39,6 @@ import os
 import statistics
 import sys
 import time
-import types
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +47,7 @@ import numpy as np
 from leap_jax.models import ModelConfig
 from leap_jax.sampling.gpu_section import (SHORT_CALL_REPEATS, CompileWatch, Report, random_model, section_device,
                                            timed_calls)
+from leap_jax.models.architectures import QWEN25_1P5B
 from leap_jax.train import learner as learner_lib
 from leap_jax.train import optim
 from leap_jax.train.batch import TrainBatch, batch_from_numpy
@@ -55,15 +55,7 @@ from leap_jax.train.batch import TrainBatch, batch_from_numpy
 FILE_NAME = "gpu_learner.json"
 # Dense bf16 tensor-core peak in FLOP/s by device kind (substring of `device_kind`), from the datasheet.
 PEAK_BF16_FLOPS = {"H200": 989e12}
-# `optim.make_optimizer` fields at the values of configs/common.optim (which needs ml_collections).
-DEFAULT_OPTIM = types.SimpleNamespace(learning_rate=1e-6, warmup_steps=0, decay_steps=0, end_ratio=0.1, b1=0.9,
-                                      b2=0.999, eps=1e-8, weight_decay=0.0, max_grad_norm=1.0)
 
-# Qwen2.5-1.5B architecture (config.json of the public checkpoint); weights are random here.
-QWEN25_1P5B = dict(
-    model_type="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-    num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0,
-    rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu")
 TINY = dict(
     model_type="qwen2", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
@@ -128,7 +120,7 @@ class _Bench:
     graphdef, params = random_model(self.cfg, self.device)
     self.num_params = int(sum(x.size for x in jax.tree.leaves(params)))
     self.learner = learner_lib.Learner(learner_lib.model_logprob_fn(graphdef, chunk_size=self.shapes.chunk_size),
-                                       optim.make_optimizer(DEFAULT_OPTIM), learner_lib.LearnerConfig())
+                                       optim.make_optimizer(optim.OptimConfig()), learner_lib.LearnerConfig())
     # Committed: the step's donated outputs are committed, so uncommitted inputs would compile it twice.
     self.state = jax.device_put(self.learner.init_state(params, seed=0), self.device)
     self.batch = jax.device_put(random_batch(self.shapes, self.cfg.vocab_size), self.device)

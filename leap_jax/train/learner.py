@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import flax.struct
 import jax
@@ -35,9 +35,6 @@ from leap_jax.sampling.logprobs import sequence_logprobs
 from leap_jax.train import objectives
 from leap_jax.train import sharding as sharding_lib
 from leap_jax.train.batch import TrainBatch
-
-if TYPE_CHECKING:  # annotations only: the learner runs without ml_collections installed
-  import ml_collections
 
 LogProbFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
 
@@ -73,7 +70,8 @@ class TrainState:
 
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
-  """Objective and update schedule; fields documented in `configs/common.py` (learner, optim)."""
+  """Objective and update schedule; fields documented in `configs/common.py` (section `learner`, and
+  `optim.grad_accum_steps`). `ref_dtype` and `drop_zero_advantage` are read by the loop, not the step."""
   mu: int = 1
   num_minibatches: int = 1
   grad_accum_steps: int = 1
@@ -84,6 +82,8 @@ class LearnerConfig:
   aggregation: str = "token_mean"
   norm_length: int = 0
   shuffle: bool = True
+  ref_dtype: str = ""
+  drop_zero_advantage: bool = False
 
   def __post_init__(self):
     for name in ("mu", "num_minibatches", "grad_accum_steps"):
@@ -98,13 +98,6 @@ class LearnerConfig:
                        f"{self.tis_cap}, {self.kl_beta}, {self.norm_length}")
     if self.aggregation not in objectives.AGGREGATIONS:
       raise ValueError(f"learner aggregation {self.aggregation!r} not in {objectives.AGGREGATIONS}")
-
-  @classmethod
-  def from_configs(cls, learner: ml_collections.ConfigDict, optim: ml_collections.ConfigDict) -> "LearnerConfig":
-    return cls(
-        mu=learner.mu, num_minibatches=learner.num_minibatches, grad_accum_steps=optim.grad_accum_steps,
-        eps_low=learner.eps_low, eps_high=learner.eps_high, tis_cap=learner.tis_cap, kl_beta=learner.kl_beta,
-        aggregation=learner.aggregation, norm_length=learner.norm_length, shuffle=learner.shuffle)
 
   @property
   def updates_per_step(self) -> int:
@@ -142,7 +135,7 @@ class Learner:
   """Builds the train state and runs jitted, buffer-donating train steps.
 
   Usage:
-    learner = Learner(logprob_fn, make_optimizer(cfg.optim), LearnerConfig.from_configs(...), mesh=mesh)
+    learner = Learner(logprob_fn, make_optimizer(OptimConfig(...)), LearnerConfig(...), mesh=mesh)
     state = learner.init_state(params, seed, param_specs)
     ref = learner.reference_params(params, param_specs)   # only when kl_beta > 0 (else pass None)
     state, metrics = learner.step(state, batch, ref)      # metrics: dict of float
@@ -218,8 +211,23 @@ class Learner:
   def _train_step(self, state: TrainState, batch: TrainBatch, ref_params: Any):
     cfg = self.config
     size = batch.tokens.shape[0]
-    split = cfg.num_minibatches * cfg.grad_accum_steps
-    if size % split:
+    minibatch = self._minibatch_size(size)
+    data = self._token_data(state, batch, ref_params, minibatch // cfg.grad_accum_steps)
+    rng, shuffle_rng = jax.random.split(state.rng)
+    if cfg.shuffle:
+      order = jnp.stack([jax.random.permutation(k, size) for k in jax.random.split(shuffle_rng, cfg.mu)])
+    else:
+      order = jnp.tile(jnp.arange(size), (cfg.mu, 1))
+    order = order.reshape(cfg.updates_per_step, minibatch)  # [updates, minibatch] episode indices
+    (params, opt_state), per_update = jax.lax.scan(
+        functools.partial(self._update, data), (state.params, state.opt_state), order)
+    metrics = self._metrics(per_update, state.step)
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=rng), metrics
+
+  def _minibatch_size(self, size: int) -> int:
+    """Episodes per minibatch; the batch must split into minibatches x microbatches, each over the data shards."""
+    cfg = self.config
+    if size % (cfg.num_minibatches * cfg.grad_accum_steps):
       raise ValueError(f"batch of {size} episodes does not split into num_minibatches={cfg.num_minibatches} x "
                        f"grad_accum_steps={cfg.grad_accum_steps} equal microbatches")
     minibatch = size // cfg.num_minibatches
@@ -228,18 +236,20 @@ class Learner:
       if (minibatch // cfg.grad_accum_steps) % shards:
         raise ValueError(f"microbatch of {minibatch // cfg.grad_accum_steps} episodes does not split over the "
                          f"{shards} data x fsdp shards of the mesh")
+    return minibatch
+
+  def _token_data(self, state: TrainState, batch: TrainBatch, ref_params: Any, micro: int) -> _Tokens:
+    """The per-token inputs of the loss [B, L]: old log-probs (the sampler's, or the learner's own at batch start
+    with truncated importance weights), importance weights and the reference's log-probs when kl_beta > 0."""
+    cfg = self.config
     policy_mask = batch.policy_mask
     sampler_lp = jnp.where(policy_mask, batch.old_logprobs, 0.0).astype(jnp.float32)
-
-    micro = minibatch // cfg.grad_accum_steps
     if cfg.tis_cap > 0:
-      learner_lp = self._frozen_logprobs(state.params, batch, micro)
-      old_lp = learner_lp
-      is_weight = objectives.truncated_is_weight(learner_lp, sampler_lp, cfg.tis_cap)
+      old_lp = self._frozen_logprobs(state.params, batch, micro)
+      is_weight = objectives.truncated_is_weight(old_lp, sampler_lp, cfg.tis_cap)
     else:
-      old_lp = sampler_lp
-      is_weight = jnp.ones_like(sampler_lp)
-
+      old_lp, is_weight = sampler_lp, jnp.ones_like(sampler_lp)
+    ref_lp = None
     if cfg.kl_beta > 0:
       if batch.ref_logprobs is not None:
         ref_lp = batch.ref_logprobs
@@ -248,44 +258,32 @@ class Learner:
       else:
         raise ValueError("kl_beta > 0 needs TrainBatch.ref_logprobs or ref_params for the reference forward")
       ref_lp = jnp.where(policy_mask, ref_lp, 0.0).astype(jnp.float32)
-    else:
-      ref_lp = None
-
-    data = _Tokens(
+    return _Tokens(
         tokens=batch.tokens, input_mask=batch.input_mask, policy_mask=policy_mask,
         advantages=jnp.where(policy_mask, batch.advantages, 0.0).astype(jnp.float32),
         old_logprobs=old_lp, sampler_logprobs=sampler_lp, is_weight=is_weight, ref_logprobs=ref_lp,
         divisor=jnp.ones_like(sampler_lp))
 
-    rng, shuffle_rng = jax.random.split(state.rng)
-    if cfg.shuffle:
-      order = jnp.stack([jax.random.permutation(k, size) for k in jax.random.split(shuffle_rng, cfg.mu)])
-    else:
-      order = jnp.tile(jnp.arange(size), (cfg.mu, 1))
-    order = order.reshape(cfg.updates_per_step, minibatch)
+  def _update(self, data: _Tokens, carry, idx):
+    """One optimiser update on minibatch `idx` (int[minibatch]): gradients summed in f32 over its microbatches."""
+    cfg = self.config
+    params, opt_state = carry
+    mb = self._constrain(jax.tree.map(lambda x: jnp.take(x, idx, axis=0), data))
+    norm = None if cfg.norm_length == 0 else cfg.norm_length
+    mb = mb.replace(divisor=objectives.aggregation_denominators(mb.policy_mask, cfg.aggregation, norm))
+    micro_data = jax.tree.map(lambda x: _strided_split(x, cfg.grad_accum_steps), mb)
 
-    def update(carry, idx):
-      params, opt_state = carry
-      mb = self._constrain(jax.tree.map(lambda x: jnp.take(x, idx, axis=0), data))
-      norm = None if cfg.norm_length == 0 else cfg.norm_length
-      mb = mb.replace(divisor=objectives.aggregation_denominators(mb.policy_mask, cfg.aggregation, norm))
-      micro_data = jax.tree.map(lambda x: _strided_split(x, cfg.grad_accum_steps), mb)
+    def accumulate(grads, m):
+      (_, sums), g = jax.value_and_grad(self._loss, has_aux=True)(params, self._constrain(m))
+      return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g), sums
 
-      def accumulate(grads, m):
-        (_, sums), g = jax.value_and_grad(self._loss, has_aux=True)(params, self._constrain(m))
-        return jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g), sums
-
-      zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)  # accumulate in f32
-      grads, sums = jax.lax.scan(accumulate, zeros, micro_data)
-      sums = jax.tree.map(lambda x: x.sum(0), sums)
-      sums["grad_norm"] = optax.global_norm(grads)
-      grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
-      updates, opt_state = self.optimizer.update(grads, opt_state, params)
-      return (optax.apply_updates(params, updates), opt_state), sums
-
-    (params, opt_state), per_update = jax.lax.scan(update, (state.params, state.opt_state), order)
-    metrics = self._metrics(per_update, state.step)
-    return TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=rng), metrics
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    grads, sums = jax.lax.scan(accumulate, zeros, micro_data)
+    sums = jax.tree.map(lambda x: x.sum(0), sums)
+    sums["grad_norm"] = optax.global_norm(grads)
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    updates, opt_state = self.optimizer.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), sums
 
   def _loss(self, params, m: _Tokens):
     """Minibatch-normalised loss of one microbatch and its metric sums (see the module docstring)."""

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from typing import Any, Mapping, Optional
 
-import ml_collections
 
 RECORD_NAME = "run_record.json"
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml-collections", "transformers",
@@ -52,8 +51,8 @@ def evaluator_versions() -> dict[str, Any]:
 
 
 def build_run_record(config: Any, seeds: Mapping[str, int]) -> dict[str, Any]:
-  """The record as a JSON-able dict; `config` is a ConfigDict or dict."""
-  cfg = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
+  """The record as a JSON-able dict; `config` is the run's config as a mapping (e.g. `TrainConfig.to_dict()`)."""
+  cfg = dict(config)
   return {
       "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "argv": list(sys.argv),

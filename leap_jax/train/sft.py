@@ -17,8 +17,9 @@ with m the reply mask. Two gradient modes:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
+import pathlib
 import time
 from typing import Any, Callable, Sequence
 
@@ -30,7 +31,16 @@ from flax import nnx
 
 import kernels_eval
 from leap_jax.models import init_cache
+from leap_jax.models.hf_io import save_hf_checkpoint
+from leap_jax.rollout import prompts
+from leap_jax.sampling import ChatFormat
 from leap_jax.sampling.logprobs import sequence_logprobs, token_logprobs
+from leap_jax.train import build
+from leap_jax.train import checks
+from leap_jax.train import hooks
+from leap_jax.train import optim
+from leap_jax.train.batch import round_up
+from leap_jax.train.config import SftConfig, TrainConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,15 +62,11 @@ def make_example(task_id: str, prompt_ids: Sequence[int], reply_text: str, token
   return SFTExample(task_id, tuple(int(i) for i in prompt_ids), tuple(reply))
 
 
-def _round_up(n: int, multiple: int) -> int:
-  return -(-n // multiple) * multiple
-
-
 def pack(examples: Sequence[SFTExample], length_multiple: int = 32, pad_id: int = 0) -> dict[str, np.ndarray]:
   """Right-pads examples into tokens int32[B, L] and loss_mask bool[B, L] (True on reply tokens)."""
   if not examples:
     raise ValueError("pack needs at least one example")
-  length = _round_up(max(len(e) for e in examples), length_multiple)
+  length = round_up(max(len(e) for e in examples), length_multiple)
   B = len(examples)
   tokens = np.full((B, length), pad_id, np.int32)
   loss_mask = np.zeros((B, length), bool)
@@ -86,8 +92,8 @@ def pack_split(examples: Sequence[SFTExample], length_multiple: int = 32, pad_id
   if min(len(e.prompt) for e in examples) < 2:
     raise ValueError("pack_split needs prompts of at least 2 tokens")
   B = len(examples)
-  lp = _round_up(max(len(e.prompt) - 1 for e in examples), length_multiple)
-  ls = _round_up(max(len(e.reply) + 1 for e in examples), 8)
+  lp = round_up(max(len(e.prompt) - 1 for e in examples), length_multiple)
+  ls = round_up(max(len(e.reply) + 1 for e in examples), 8)
   prefix = np.full((B, lp), pad_id, np.int32)
   segment = np.full((B, ls), pad_id, np.int32)
   target_mask = np.zeros((B, ls), bool)
@@ -182,19 +188,17 @@ def run_sft(model: nnx.Module, examples: Sequence[SFTExample], optimizer: optax.
   return history
 
 
-def sft_tasks(cfg) -> list:
+def sft_tasks(sft: SftConfig, lang: str) -> list:
   """Train-split tasks of `sft.levels` plus `sft.extra_ids`, minus `sft.exclude_ids`, each with a trusted
-  solution in `tasks.lang`."""
-  from leap_jax.train import loop  # pylint: disable=import-outside-toplevel  (loop does not import sft)
-  lang = cfg.tasks.lang
-  tasks = loop.select_tasks(lang, cfg.sft.levels, "train")
-  if cfg.sft.extra_ids:
-    extra = loop.select_tasks(lang, (0, 1, 2, 3), "train", cfg.sft.extra_ids)
+  solution in `lang`."""
+  tasks = build.select_tasks(lang, sft.levels, "train")
+  if sft.extra_ids:
+    extra = build.select_tasks(lang, (0, 1, 2, 3), "train", sft.extra_ids)
     tasks += [t for t in extra if t not in tasks]
-  unknown = sorted(set(cfg.sft.exclude_ids) - {t.id for t in kernels_eval.load_tasks()})
+  unknown = sorted(set(sft.exclude_ids) - {t.id for t in kernels_eval.load_tasks()})
   if unknown:
     raise ValueError(f"sft.exclude_ids has unknown task ids {unknown}")
-  tasks = [t for t in tasks if t.id not in set(cfg.sft.exclude_ids)]
+  tasks = [t for t in tasks if t.id not in set(sft.exclude_ids)]
   if not tasks:
     raise ValueError("sft.levels, sft.extra_ids and sft.exclude_ids leave no SFT task")
   return tasks
@@ -203,54 +207,53 @@ def sft_tasks(cfg) -> list:
 def build_examples(tasks: Sequence[Any], chat, tokenizer, lang: str) -> list[SFTExample]:
   """Prompt = the rollout's turn-1 [system, task] chat prompt; reply = what the contract asks for, from the
   trusted solution (level 0: the lines that complete the skeleton; otherwise the whole source), fenced."""
-  import kernels_eval  # pylint: disable=import-outside-toplevel
-  from leap_jax.rollout import prompts  # pylint: disable=import-outside-toplevel
   system = prompts.system_message(lang)
   return [make_example(t.id, chat.first_turn(kernels_eval.render_task(t, lang), system),
                        prompts.trusted_reply(t, lang), tokenizer, chat.stop_ids[0])
           for t in tasks]
 
 
-def cold_start(cfg, echo: Callable[[str], None] = print, measure: bool = False, evaluator=None) -> dict[str, Any]:
-  """Fine-tunes `model.base` on the SFT tasks and saves a HF folder at `loop.sft_dir(cfg)`.
+def cold_start(config: TrainConfig, echo: Callable[[str], None] = print, measure: bool = False,
+               evaluator=None) -> dict[str, Any]:
+  """Fine-tunes `model.base` on the SFT tasks and saves a HF folder at `sft.checkpoint_dir`.
 
-  With `measure`, afterwards measures the turn-1 pass rate on the RL task pool (`tasks.*`).
-  Returns {"steps", "seconds", "final_nll", "examples", "pass_rate@1" (if measured), "dir"}.
+  With `measure`, afterwards measures the turn-1 pass rate on the RL task pool (`tasks`) with `evaluator`
+  (default: one built from `config.evaluator`). Returns {"steps", "seconds", "final_nll", "examples",
+  "train_seconds", "dir", and "pass_rate@1", "per_task" when measured}.
   """
-  from leap_jax.models.hf_io import save_hf_checkpoint  # pylint: disable=import-outside-toplevel
-  from leap_jax.sampling import ChatFormat  # pylint: disable=import-outside-toplevel
-  from leap_jax.train import loop  # pylint: disable=import-outside-toplevel
-  from leap_jax.train import optim  # pylint: disable=import-outside-toplevel
   started = time.perf_counter()
-  model, tokenizer = loop.load_base_model(cfg)
-  chat = ChatFormat(tokenizer)
-  tasks = sft_tasks(cfg)
-  examples = build_examples(tasks, chat, tokenizer, cfg.tasks.lang)
+  sft, lang = config.sft, config.tasks.lang
+  model, tokenizer = build.load_model(config.model, config.seed)
+  tasks = sft_tasks(sft, lang)
+  examples = build_examples(tasks, ChatFormat(tokenizer), tokenizer, lang)
   echo(f"SFT on {len(examples)} tasks ({', '.join(t.id for t in tasks)}), "
-       f"{cfg.sft.steps} steps x {cfg.sft.batch_size} examples, longest {max(len(e) for e in examples)} tokens")
+       f"{sft.steps} steps x {sft.batch_size} examples, longest {max(len(e) for e in examples)} tokens")
 
   def log(step, m):
-    echo(f"sft step {step + 1}/{cfg.sft.steps} nll {m['nll']:.4f} confident {m['confident_tokens']:.2f} "
+    echo(f"sft step {step + 1}/{sft.steps} nll {m['nll']:.4f} confident {m['confident_tokens']:.2f} "
          f"grad_norm {m['grad_norm']:.2f} ({m['seconds']:.0f} s)")
 
-  history = run_sft(model, examples, optim.make_optimizer(cfg.sft.optim), steps=cfg.sft.steps,
-                    batch_size=cfg.sft.batch_size, seed=cfg.seed, prompt_grad=cfg.sft.prompt_grad, log=log)
-  out_dir = loop.sft_dir(cfg)
+  history = run_sft(model, examples, optim.make_optimizer(sft.optim), steps=sft.steps, batch_size=sft.batch_size,
+                    seed=config.seed, prompt_grad=sft.prompt_grad, log=log)
+  out_dir = pathlib.Path(sft.checkpoint_dir)
   save_hf_checkpoint(model, tokenizer, out_dir)
-  summary: dict[str, Any] = {"steps": cfg.sft.steps, "examples": len(examples), "final_nll": history[-1]["nll"],
+  summary: dict[str, Any] = {"steps": sft.steps, "examples": len(examples), "final_nll": history[-1]["nll"],
                              "train_seconds": sum(h["seconds"] for h in history), "dir": str(out_dir)}
   if measure:
-    own = evaluator is None
-    evaluator = loop.make_evaluator(cfg) if own else evaluator
-    policy = loop.Policy.from_model(model, tokenizer, cfg.rollout.max_context_len)
-    pool = loop.select_tasks(cfg.tasks.lang, cfg.tasks.levels, cfg.tasks.split, cfg.tasks.ids, cfg.tasks.folder)
-    check = loop.turn1_pass_rate(cfg, policy, evaluator, pool, cfg.precheck.samples_per_task)
-    summary["pass_rate@1"] = check["pass_rate@1"]
-    summary["per_task"] = check["per_task"]
-    echo(f"turn-1 pass rate after SFT: {check['pass_rate@1']:.3f} on {len(pool)} pool tasks")
-    if own:
-      evaluator.close()
+    summary.update(measure_pool(config, build.Policy.from_model(model, tokenizer, config.rollout.max_context_len),
+                                evaluator, echo))
   summary["seconds"] = time.perf_counter() - started
-  with open(out_dir / "sft_summary.json", "w") as f:
-    json.dump(summary, f, indent=2)
+  hooks.write_json(out_dir / "sft_summary.json", summary)
   return summary
+
+
+def measure_pool(config: TrainConfig, policy: build.Policy, evaluator, echo: Callable[[str], None]) -> dict[str, Any]:
+  """{"pass_rate@1", "per_task"} of `policy` on the RL task pool (turn 1, `precheck.samples_per_task`)."""
+  pool = build.pool_tasks(config.tasks)
+  rollouts = build.Rollouts(config.rollout, config.dcp, config.tasks.lang, config.seed)
+  with contextlib.ExitStack() as stack:
+    if evaluator is None:
+      evaluator = stack.enter_context(build.make_evaluator(config.evaluator))
+    check = checks.turn1_pass_rate(rollouts, policy, evaluator, pool, config.precheck.samples_per_task)
+  echo(f"turn-1 pass rate after SFT: {check['pass_rate@1']:.3f} on {len(pool)} pool tasks")
+  return {"pass_rate@1": check["pass_rate@1"], "per_task": check["per_task"]}

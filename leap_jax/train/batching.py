@@ -6,11 +6,7 @@ import numpy as np
 from leap_jax.metrics import rollout_stats
 from leap_jax.rollout.harness import STATUS_NAMES, RolloutBatch
 from leap_jax.sampling.episode import stack_episodes
-from leap_jax.train.batch import TrainBatch, batch_from_numpy
-
-
-def _round_up(n: int, multiple: int) -> int:
-  return -(-n // multiple) * multiple
+from leap_jax.train.batch import TrainBatch, batch_from_numpy, round_up
 
 
 def to_train_batch(batch: RolloutBatch, advantages: np.ndarray, *, pad_id: int = 0, row_multiple: int = 1,
@@ -53,13 +49,13 @@ def to_train_batch(batch: RolloutBatch, advantages: np.ndarray, *, pad_id: int =
   if not records:
     return _empty_batch(max(row_multiple, 1), length_multiple, pad_id)
   longest = max(1, max(len(r) for r in records))
-  arrays = stack_episodes(records, length=_round_up(longest, length_multiple), pad_id=pad_id)
+  arrays = stack_episodes(records, length=round_up(longest, length_multiple), pad_id=pad_id)
   owners = np.asarray(owners)
   p, g = np.divmod(owners, G)
   turns = np.clip(arrays["turns"] + np.asarray(first_turns)[:, None], 0, T - 1)  # padding is not trained
   token_adv = advantages[p[:, None], g[:, None], turns]
   policy = arrays["policy_mask"] & batch.valid[p, g][:, None] & batch.keep[p[:, None], g[:, None], turns]
-  rows = _round_up(len(records), row_multiple)
+  rows = round_up(len(records), row_multiple)
   extra = rows - len(records)
 
   def pad_rows(x, value):
