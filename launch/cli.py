@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import ml_collections
+
+from leap_jax.train.config import TrainConfig
+from probe.config import PropelConfig
 
 T = TypeVar("T")
 
@@ -74,13 +77,11 @@ def to_typed(config: ml_collections.ConfigDict, from_dict: Callable[[dict], T]) 
     raise SystemExit(f"error: config: {e}") from e
 
 
-def train_config(argv: Sequence[str]) -> Any:
-  """The typed LEAP run config (`leap_jax.train.config.TrainConfig`) of the command line."""
-  from leap_jax.train.config import TrainConfig  # pylint: disable=import-outside-toplevel
+def train_config(argv: Sequence[str]) -> TrainConfig:
+  """The typed LEAP run config of the command line."""
   return to_typed(parse_config(argv), TrainConfig.from_dict)
 
 
-def propel_config(argv: Sequence[str]) -> Any:
-  """The typed PROPEL config (`probe.config.PropelConfig`) of the command line."""
-  from probe.config import PropelConfig  # pylint: disable=import-outside-toplevel
+def propel_config(argv: Sequence[str]) -> PropelConfig:
+  """The typed PROPEL config of the command line."""
   return to_typed(parse_config(argv), PropelConfig.from_dict)

@@ -28,11 +28,16 @@ def add_step_cost(cost: dict[str, float], metrics: dict[str, float]) -> dict[str
   return {k: cost[k] + float(metrics.get(step_key, 0.0)) for k, step_key in COSTS.items()}
 
 
+def costs_of(row: dict[str, Any]) -> dict[str, float]:
+  """The cumulative costs (`COSTS`) a metrics row or curve point holds."""
+  return {k: float(row[k]) for k in COSTS}
+
+
 def resumed_cost(history: Sequence[dict[str, Any]]) -> dict[str, float]:
   """The cumulative cost recorded by the last step of a run's metrics (zero for a fresh run)."""
   for row in reversed(history):
     if all(k in row for k in COSTS):
-      return {k: float(row[k]) for k in COSTS}
+      return costs_of(row)
   return zero_cost()
 
 
@@ -67,7 +72,7 @@ def cost_to_reach(curve: Sequence[dict[str, Any]], level: float, key: str = "Acc
   """The cumulative costs (and step) at the first point whose `key` is at least `level`; None if never."""
   for point in curve:
     if point.get(key, -math.inf) >= level - 1e-12:
-      return {"step": point["step"], **{k: point[k] for k in COSTS}}
+      return {"step": point["step"], **costs_of(point)}
   return None
 
 

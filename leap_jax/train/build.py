@@ -138,6 +138,10 @@ class Rollouts:
   lang: str
   seed: int
 
+  @classmethod
+  def of(cls, config: TrainConfig) -> "Rollouts":
+    return cls(config.rollout, config.dcp, config.tasks.lang, config.seed)
+
   def make(self, policy: Policy, evaluator, method: methods_lib.Method, sampler=None, **overrides) -> Rollout:
     """A rollout of `method` (settings replaced by `overrides`) sampled by `sampler` (default: the policy's)."""
     settings = dataclasses.replace(self.settings, **overrides)

@@ -2,7 +2,6 @@
 latest checkpoint's policy (to evaluate or export as a HF folder)."""
 from __future__ import annotations
 
-import dataclasses
 import os
 import pathlib
 from typing import Any, Sequence
@@ -89,6 +88,3 @@ def export_policy(policy: Policy, out_dir: str | os.PathLike) -> pathlib.Path:
   save_hf_checkpoint(nnx.merge(policy.graphdef, policy.params), policy.tokenizer, out_dir)
   return pathlib.Path(out_dir)
 
-
-def with_params(policy: Policy, params: Any) -> Policy:
-  return dataclasses.replace(policy, params=params)

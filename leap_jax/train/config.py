@@ -182,6 +182,11 @@ class SftConfig:
   prompt_grad: bool
   optim: OptimConfig
 
+  @property
+  def start_dir(self) -> str | None:
+    """The SFT checkpoint RL starts from, None when SFT is off (RL starts from the base model)."""
+    return self.checkpoint_dir if self.enabled else None
+
 
 @dataclasses.dataclass(frozen=True)
 class PrecheckConfig:

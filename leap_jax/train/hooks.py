@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import pathlib
 from typing import Any, Callable, Sequence
 
@@ -84,11 +83,6 @@ class Hooks:
         hook.fn(info)
 
 
-def cost_of(metrics: dict[str, float]) -> dict[str, float]:
-  """The cumulative cost entries (`cumulative/*`) of a metrics row."""
-  return {k: v for k, v in metrics.items() if k.startswith("cumulative/")}
-
-
 def accuracy_text(result: dict[str, Any]) -> str:
   return " ".join(f"{k}={v:.3f}" for k, v in curves.accuracies(result).items())
 
@@ -99,7 +93,7 @@ def heldout_hook(workdir: pathlib.Path, evaluate: Callable[[Any], dict[str, Any]
   curve, adds `heldout/Acc@k` to the step's metrics and keeps the result in `latest` ({"step", "result"})."""
 
   def run(info: StepInfo) -> None:
-    cost = cost_of(info.metrics)
+    cost = curves.costs_of(info.metrics)
     result = evaluate(info.state.params)
     curves.append_point(workdir, info.step, cost, result)
     echo(f"held-out after {info.step} steps {accuracy_text(result)} (cost so far: "
@@ -138,7 +132,3 @@ def _reply(batch: RolloutBatch, chat: ChatFormat, episode: int, turn: int) -> st
       return chat.decode(segment.completion(turn - first), skip_special_tokens=True)
   return ""
 
-
-def write_json(path: pathlib.Path, value: Any) -> None:
-  with open(path, "w") as f:
-    json.dump(value, f, indent=2)

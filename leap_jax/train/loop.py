@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import pathlib
 import time
 from typing import Any, Callable
@@ -84,7 +85,7 @@ class Run:
     was = f" (before: {before['pass_rate@1']:.3f})" if before is not None else ""
     self.echo(f"turn-1 pass rate {when}: {check['pass_rate@1']:.3f}{was} over {len(self.tasks)} tasks x "
               f"{samples} samples ({check['seconds']:.0f} s)")
-    hooks_lib.write_json(self.directory / f"{name}.json", check)
+    (self.directory / f"{name}.json").write_text(json.dumps(check, indent=2))
     return check
 
   def heldout(self, params: Any) -> dict[str, Any]:
@@ -127,8 +128,7 @@ def setup(config: TrainConfig, evaluator, policy_sampler, echo) -> Run:
   directory = pathlib.Path(config.workdir)
   directory.mkdir(parents=True, exist_ok=True)
   mesh = build.make_mesh(config.mesh)
-  sft_dir = config.sft.checkpoint_dir if config.sft.enabled else None
-  model, tokenizer = build.load_start_policy(config.model, sft_dir, config.seed, mesh)
+  model, tokenizer = build.load_start_policy(config.model, config.sft.start_dir, config.seed, mesh)
   policy = build.Policy.from_model(model, tokenizer, config.rollout.max_context_len)
   del model
   if method.timed_score and jax.default_backend() == "cpu":
@@ -136,7 +136,7 @@ def setup(config: TrainConfig, evaluator, policy_sampler, echo) -> Run:
          f"its per-turn score degenerates to correctness only")
   tasks = build.pool_tasks(config.tasks)
   h = config.heldout
-  rollouts = build.Rollouts(config.rollout, config.dcp, config.tasks.lang, config.seed)
+  rollouts = build.Rollouts.of(config)
   temperature = effective_temperature(config.rollout.temperature)
   learner = Learner(model_logprob_fn(policy.graphdef, temperature=temperature), optim.make_optimizer(config.optim),
                     config.learner, mesh=mesh, lr_schedule=optim.learning_rate_schedule(config.optim))
@@ -179,8 +179,7 @@ def step_hooks(run: Run) -> tuple[hooks_lib.Hooks, writer_lib.MetricsWriter, dic
   writer = writer_lib.MetricsWriter(directory, tensorboard=m.tensorboard, progress_bar=m.progress_bar,
                                      total_steps=config.steps, initial_step=run.first_step, bar_keys=BAR_KEYS,
                                      enabled=chief)
-  history = writer_lib.read_metrics(directory) if (directory / writer_lib.METRICS_FILE).exists() else []
-  run.cost = curves.resumed_cost([row for row in history if row["step"] < run.first_step])
+  run.cost = curves.resumed_cost([row for row in recorded_metrics(directory) if row["step"] < run.first_step])
   latest: dict[str, Any] = {}
   hooks = hooks_lib.Hooks()
   if config.heldout.every > 0:
@@ -239,7 +238,7 @@ def finish(run: Run, precheck: dict[str, Any] | None, latest: dict[str, Any], st
     final = run.with_params(build.sampling_weights(run.state.params))  # every process joins the gather
     if chief:
       run.echo(f"final policy written to {checks.export_policy(final, run.directory / 'policy')} (HF folder)")
-  history = writer_lib.read_metrics(run.directory) if (run.directory / writer_lib.METRICS_FILE).exists() else []
+  history = recorded_metrics(run.directory)
   if config.metrics.plot_at_end and history and chief:
     plots.plot_workdir(run.directory)
   if stopped:
@@ -253,8 +252,13 @@ def finish(run: Run, precheck: dict[str, Any] | None, latest: dict[str, Any], st
     if heldout is None:
       heldout = run.heldout(run.state.params)
       run.echo(f"held-out {hooks_lib.accuracy_text(heldout)}")
-    hooks_lib.write_json(run.directory / "heldout.json", heldout)
+    (run.directory / "heldout.json").write_text(json.dumps(heldout, indent=2))
   return history, postcheck, heldout
+
+
+def recorded_metrics(directory: pathlib.Path) -> list[dict[str, float]]:
+  """The metrics rows the run has written so far (none before its first step)."""
+  return writer_lib.read_metrics(directory) if (directory / writer_lib.METRICS_FILE).exists() else []
 
 
 def progress_line(info: hooks_lib.StepInfo, steps: int, num_turns: int) -> str:
@@ -270,8 +274,7 @@ def progress_line(info: hooks_lib.StepInfo, steps: int, num_turns: int) -> str:
 
 def latest_policy(config: TrainConfig) -> tuple[build.Policy, int]:
   """(policy, step) of the latest RL checkpoint in the workdir; (the starting policy, 0) without one."""
-  sft_dir = config.sft.checkpoint_dir if config.sft.enabled else None
-  model, tokenizer = build.load_start_policy(config.model, sft_dir, config.seed)
+  model, tokenizer = build.load_start_policy(config.model, config.sft.start_dir, config.seed)
   policy = build.Policy.from_model(model, tokenizer, config.rollout.max_context_len)
   policy.params, step = checks.latest_params(policy, config.workdir, config.optim, config.learner)
   return policy, step
@@ -285,13 +288,14 @@ def evaluate_checkpoint(config: TrainConfig, evaluator=None, echo: Callable[[str
   policy, step = latest_policy(config)
   h = config.heldout
   tasks = build.select_tasks(config.tasks.lang, h.levels, h.split)
-  rollouts = build.Rollouts(config.rollout, config.dcp, config.tasks.lang, config.seed)
+  rollouts = build.Rollouts.of(config)
   echo(f"held-out evaluation of step {step} on {len(tasks)} tasks, {h.num_turns} turns")
   with contextlib.ExitStack() as stack:
     if evaluator is None:
       evaluator = stack.enter_context(build.make_evaluator(config.evaluator))
     result = checks.heldout_accuracy(rollouts, policy, evaluator, tasks, h.num_turns, h.temperature)
   result["step"] = step
-  pathlib.Path(config.workdir).mkdir(parents=True, exist_ok=True)
-  hooks_lib.write_json(pathlib.Path(config.workdir) / "heldout_eval.json", result)
+  workdir = pathlib.Path(config.workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  (workdir / "heldout_eval.json").write_text(json.dumps(result, indent=2))
   return result

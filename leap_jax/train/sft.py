@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import pathlib
 import time
 from typing import Any, Callable, Sequence
@@ -37,7 +38,6 @@ from leap_jax.sampling import ChatFormat
 from leap_jax.sampling.logprobs import sequence_logprobs, token_logprobs
 from leap_jax.train import build
 from leap_jax.train import checks
-from leap_jax.train import hooks
 from leap_jax.train import optim
 from leap_jax.train.batch import round_up
 from leap_jax.train.config import SftConfig, TrainConfig
@@ -243,14 +243,14 @@ def cold_start(config: TrainConfig, echo: Callable[[str], None] = print, measure
     summary.update(measure_pool(config, build.Policy.from_model(model, tokenizer, config.rollout.max_context_len),
                                 evaluator, echo))
   summary["seconds"] = time.perf_counter() - started
-  hooks.write_json(out_dir / "sft_summary.json", summary)
+  (out_dir / "sft_summary.json").write_text(json.dumps(summary, indent=2))
   return summary
 
 
 def measure_pool(config: TrainConfig, policy: build.Policy, evaluator, echo: Callable[[str], None]) -> dict[str, Any]:
   """{"pass_rate@1", "per_task"} of `policy` on the RL task pool (turn 1, `precheck.samples_per_task`)."""
   pool = build.pool_tasks(config.tasks)
-  rollouts = build.Rollouts(config.rollout, config.dcp, config.tasks.lang, config.seed)
+  rollouts = build.Rollouts.of(config)
   with contextlib.ExitStack() as stack:
     if evaluator is None:
       evaluator = stack.enter_context(build.make_evaluator(config.evaluator))
