@@ -6,6 +6,12 @@ G = H / K query heads per key/value head, d head size, F MLP hidden size, V voca
 KV cache: {"k", "v"} each [N, B, K, S, d] (laid out by head). A token at position p is written to slot p
 of its row; a query at position p attends to the slots s <= p of its row. Without a cache, a query at
 position p attends to the given tokens of its row whose position is <= p.
+
+Shared prefixes (optional, for the learner; see `leap_jax.sampling.shared_prefix`): a call with
+`return_kv=True` returns each layer's keys/values of its own tokens, {"k", "v"} [N, P, K, Lp, d]; a later
+call with `prefix_kv=` those and `prefix_valid` bool[P, Lp] runs B = P * R rows, rows p*R .. p*R + R - 1
+attending to the valid keys of prefix p (all of them, whatever their position) plus their own causal keys.
+The R rows of one prefix share its keys through the einsum's batch dimension; they are never copied.
 """
 from typing import NamedTuple
 
@@ -25,7 +31,7 @@ class ModelOutput(NamedTuple):
   """Result of `Transformer.__call__`.
 
   logits: f32[B, L, V], or None when return_logits=False.
-  cache: the updated cache, or None when called without one.
+  cache: the updated cache, or None when called without one (with return_kv: the call's own keys/values).
   hidden: [len(hidden_layers), B, L, D] residual streams (HF `output_hidden_states` indexing), or None.
   final_hidden: [B, L, D], the last layer's output after the final norm.
   """
@@ -77,7 +83,8 @@ class Attention(nnx.Module):
     return y
 
   def __call__(self, x: jax.Array, sin: jax.Array, cos: jax.Array, positions: jax.Array,
-               cache: tuple[jax.Array, jax.Array, jax.Array | int] | None, attend_len: int | None = None
+               cache: tuple[jax.Array, jax.Array, jax.Array | int] | None, attend_len: int | None = None,
+               prefix: tuple[jax.Array, jax.Array, jax.Array] | None = None, return_kv: bool = False
                ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """[B, L, D] -> [B, L, D].
 
@@ -87,9 +94,12 @@ class Attention(nnx.Module):
       positions: int32[B, L].
       cache: None, or (k, v, layer) with k, v [N, B, K, S, d] and layer the index to read and write.
       attend_len: with a cache, read only slots [0, attend_len) (static; every position must be below it).
+      prefix: None, or (k, v, valid) with k, v [P, K, Lp, d] and valid bool[P, Lp]: B = P * R and rows
+        p*R .. p*R + R - 1 also attend to the valid keys of prefix p (no cache then).
+      return_kv: without a cache, return this call's own (k, v), each [B, K, L, d], instead of None.
 
     Returns:
-      The attention output and the updated (k, v), or None without a cache.
+      The attention output and the updated (k, v), or this call's (k, v) with return_kv, or None.
     """
     cfg = self.config
     B, L, _ = x.shape
@@ -100,7 +110,7 @@ class Attention(nnx.Module):
     if cache is None:
       keys, values = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
       key_positions = positions
-      new_cache = None
+      new_cache = (keys, values) if return_kv else None
     else:
       k_all, v_all, layer = cache
       rows = jnp.arange(B)[:, None]
@@ -117,9 +127,22 @@ class Attention(nnx.Module):
     q = q.reshape(B, L, K, H // K, d)
     scores = jnp.einsum("blkgd,bksd->bkgls", q, keys, preferred_element_type=jnp.float32) * d**-0.5
     scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    out = jnp.einsum("bkgls,bksd->blkgd", probs, values).reshape(B, L, H * d)
-    return self._project(out, "o"), new_cache
+    if prefix is None:
+      probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+      out = jnp.einsum("bkgls,bksd->blkgd", probs, values).reshape(B, L, H * d)
+      return self._project(out, "o"), new_cache
+    # Shared prefix: one softmax over [prefix keys, own keys]; the R rows of a prefix are one einsum batch.
+    pk, pv, valid = prefix
+    P, Lp = valid.shape
+    qp = q.reshape(P, B // P, L, K, H // K, d)
+    pre = jnp.einsum("prlkgd,pksd->prkgls", qp, pk.astype(x.dtype),
+                     preferred_element_type=jnp.float32) * d**-0.5
+    pre = jnp.where(valid[:, None, None, None, None, :], pre, _MASK_VALUE).reshape(B, K, H // K, L, Lp)
+    probs = jax.nn.softmax(jnp.concatenate([pre, scores], axis=-1), axis=-1).astype(x.dtype)
+    pre_probs = probs[..., :Lp].reshape(P, B // P, K, H // K, L, Lp)
+    out = (jnp.einsum("bkgls,bksd->blkgd", probs[..., Lp:], values)
+           + jnp.einsum("prkgls,pksd->prlkgd", pre_probs, pv.astype(x.dtype)).reshape(B, L, K, H // K, d))
+    return self._project(out.reshape(B, L, H * d), "o"), new_cache
 
 
 class MLP(nnx.Module):
@@ -147,9 +170,9 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.weight_dtype)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, sin, cos, positions, cache, attend_len=None):
+  def __call__(self, x, sin, cos, positions, cache, attend_len=None, prefix=None, return_kv=False):
     """[B, L, D] -> ([B, L, D], updated cache or None); arguments as in `Attention.__call__`."""
-    a, cache = self.attn(self.attn_norm(x), sin, cos, positions, cache, attend_len)
+    a, cache = self.attn(self.attn_norm(x), sin, cos, positions, cache, attend_len, prefix, return_kv)
     h = x + a
     return h + self.mlp(self.mlp_norm(h)), cache
 
@@ -184,7 +207,8 @@ class Transformer(nnx.Module):
 
   def __call__(self, tokens: jax.Array, positions: jax.Array, cache: Cache | None = None, *,
                hidden_layers: tuple[int, ...] = (), return_logits: bool = True,
-               attend_len: int | None = None) -> ModelOutput:
+               attend_len: int | None = None, return_kv: bool = False, prefix_kv: Cache | None = None,
+               prefix_valid: jax.Array | None = None) -> ModelOutput:
     """Runs the decoder.
 
     Args:
@@ -198,12 +222,19 @@ class Transformer(nnx.Module):
       attend_len: with a cache, attention reads only slots [0, attend_len) (a static int; every position
         must be below it). Samplers set it to the positions a call can reach, so a call's attention cost
         follows its episodes' lengths instead of the cache size S.
+      return_kv: (no cache) return every layer's keys/values of this call's tokens as `cache`,
+        {"k", "v"} [N, B, K, L, d] (RoPE applied; entry l is token l, whatever its position).
+      prefix_kv: (no cache) {"k", "v"} [N, P, K, Lp, d], e.g. from a `return_kv=True` call on P prefixes;
+        B must be a multiple R of P, and rows p*R .. p*R + R - 1 attend to prefix p's keys where
+        `prefix_valid` (bool[P, Lp], default all) holds, then to their own tokens causally. Positions
+        should continue the prefix's (RoPE is applied with the given positions). Differentiable in both.
 
     Returns:
       ModelOutput(logits, cache, hidden, final_hidden).
     """
     cfg = self.config
     hidden_layers = self._check_inputs(tokens, positions, cache, hidden_layers)
+    prefix_valid = self._check_prefix(tokens, cache, return_kv, prefix_kv, prefix_valid)
     dt = cfg.compute_dtype
     x = jnp.take(self.embedding[...], tokens, axis=0).astype(dt)
     sin, cos = rope_angles(cfg, positions)
@@ -212,34 +243,70 @@ class Transformer(nnx.Module):
     kv = None if cache is None else (cache["k"], cache["v"])
 
     def make_step(graphdef):
-      def step(layer_state, carry, index):
+      def step(layer_state, carry, index, prefix_layer=None):
         x, hidden, kv = carry
         if hidden is not None:
           hidden = jnp.where(record == index, x[None], hidden)
         layer = nnx.merge(graphdef, layer_state)
-        x, kv = layer(x, sin, cos, positions, None if kv is None else (*kv, index), attend_len)
-        return x, hidden, kv
+        prefix = None if prefix_layer is None else (*prefix_layer, prefix_valid)
+        x, layer_kv = layer(x, sin, cos, positions, None if kv is None else (*kv, index), attend_len,
+                            prefix, return_kv)
+        if return_kv:  # this layer's own keys/values leave as a per-layer output
+          return (x, hidden, kv), layer_kv
+        return (x, hidden, layer_kv), None
       if cfg.remat == "full":
         return jax.checkpoint(step, prevent_cse=not cfg.scan_layers)
       return step
 
     carry = (x, hidden, kv)
+    prefix_layers = None if prefix_kv is None else (prefix_kv["k"], prefix_kv["v"])
     if cfg.scan_layers:
       graphdef, stacked = nnx.split(self.layers)
       step = make_step(graphdef)
-      carry, _ = jax.lax.scan(lambda c, xs: (step(xs[0], c, xs[1]), None),
-                              carry, (stacked, jnp.arange(cfg.num_layers, dtype=jnp.int32)))
+      carry, layer_kvs = jax.lax.scan(lambda c, xs: step(xs[0], c, *xs[1:]), carry,
+                                      (stacked, jnp.arange(cfg.num_layers, dtype=jnp.int32), prefix_layers))
     else:
+      layer_kvs = []
       for i, layer in enumerate(self.layers):
         graphdef, layer_state = nnx.split(layer)
-        carry = make_step(graphdef)(layer_state, carry, jnp.int32(i))
+        prefix_layer = None if prefix_layers is None else (prefix_layers[0][i], prefix_layers[1][i])
+        carry, layer_kv = make_step(graphdef)(layer_state, carry, jnp.int32(i), prefix_layer)
+        layer_kvs.append(layer_kv)
+      layer_kvs = jax.tree.map(lambda *a: jnp.stack(a), *layer_kvs) if return_kv else None
     x, hidden, kv = carry
+    if return_kv:
+      kv = layer_kvs
     if hidden is not None:
       hidden = jnp.where(record == cfg.num_layers, x[None], hidden)
     final_hidden = self.final_norm(x)
     logits = self.logits_from_hidden(final_hidden) if return_logits else None
     new_cache = None if kv is None else {"k": kv[0], "v": kv[1]}
     return ModelOutput(logits=logits, cache=new_cache, hidden=hidden, final_hidden=final_hidden)
+
+  def _check_prefix(self, tokens, cache, return_kv, prefix_kv, prefix_valid) -> jax.Array | None:
+    """Validates the shared-prefix arguments; returns prefix_valid (all True when not given) or None."""
+    cfg = self.config
+    if cache is not None and (return_kv or prefix_kv is not None):
+      raise ValueError("return_kv and prefix_kv are only supported without a cache")
+    if prefix_kv is None:
+      if prefix_valid is not None:
+        raise ValueError("prefix_valid given without prefix_kv")
+      return None
+    if set(prefix_kv) != {"k", "v"}:
+      raise ValueError(f"prefix_kv must have keys 'k' and 'v', got {sorted(prefix_kv)}")
+    shape = prefix_kv["k"].shape
+    if (prefix_kv["v"].shape != shape or len(shape) != 5 or shape[0] != cfg.num_layers
+        or shape[2] != cfg.num_kv_heads or shape[4] != cfg.head_dim):
+      raise ValueError(f"prefix_kv shapes {shape}, {prefix_kv['v'].shape} must both be [N={cfg.num_layers}, "
+                       f"P, K={cfg.num_kv_heads}, Lp, d={cfg.head_dim}]")
+    P, Lp = shape[1], shape[3]
+    if tokens.shape[0] % P:
+      raise ValueError(f"batch {tokens.shape[0]} is not a multiple of the {P} prefixes")
+    if prefix_valid is None:
+      return jnp.ones((P, Lp), bool)
+    if prefix_valid.shape != (P, Lp):
+      raise ValueError(f"prefix_valid shape {prefix_valid.shape} must be [P={P}, Lp={Lp}]")
+    return prefix_valid.astype(bool)
 
   def _check_inputs(self, tokens, positions, cache, hidden_layers) -> tuple[int, ...]:
     cfg = self.config
