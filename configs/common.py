@@ -34,8 +34,9 @@ def learner() -> ml_collections.ConfigDict:
   c.kl_beta = 0.0             # weight of the k3 KL penalty to a frozen reference; 0 skips the reference forward.
   c.ref_dtype = ""            # the reference's parameter dtype: "" = the policy's, "bfloat16" halves its memory.
   c.aggregation = "token_mean"  # "token_mean" | "sequence_mean" (GRPO) | "constant" (Dr. GRPO, divides by norm_length).
-  c.norm_length = 0           # per-episode token budget for "constant"; 0 = the batch's padded length L.
+  c.norm_length = 0           # per-episode token budget for "constant" (required there, e.g. turns x max_new_tokens).
   c.shuffle = True            # reshuffle episodes into minibatches at every pass.
+  c.shared_prefix = True      # run each group's shared prompt once (same log-probs and gradients, fewer tokens).
   c.drop_zero_advantage = False  # leave episodes whose advantages are all 0 out of the train batch (no
   #                             gradient without KL; DAPO's dynamic sampling); ignored when kl_beta > 0.
   return c

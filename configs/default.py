@@ -64,6 +64,10 @@ def tasks() -> ml_collections.ConfigDict:
   c.split = "train"
   c.ids = ()  # restrict to these task ids (empty: all of the levels and split)
   c.folder = ""  # a task folder instead of the embedded suite (e.g. tasks exported by train_generator.py)
+  # A local KernelBench clone instead (nothing is downloaded): levels, ids (kb<L>_<n>) and split select its
+  # problems; the split is by id hash (kernels_eval/kernelbench/problems.py), train and eval never overlap.
+  c.kernelbench_dir = ""
+  c.kernelbench_tolerance = 1e-2  # KernelBench's atol = rtol
   return c
 
 

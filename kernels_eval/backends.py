@@ -87,7 +87,9 @@ def get(lang: str) -> Backend:
 
 def runners() -> dict[str, str]:
   """name -> "module:function" of every backend that can be loaded, plus the reference runner."""
-  out = {"reference": "kernels_eval.reference_runner:run", "validate": "kernels_eval.reference_runner:validate"}
+  out = {"reference": "kernels_eval.reference_runner:run", "validate": "kernels_eval.reference_runner:validate",
+         "kernelbench_reference": "kernels_eval.kernelbench.reference:run",
+         "kernelbench_cuda": "kernels_eval.kernelbench.cuda_runner:run"}
   for lang in sorted(set(BUILTIN) | set(_registry)):
     try:
       out[lang] = get(lang).runner

@@ -36,6 +36,8 @@ from kernels_eval import static_check as static_check_lib
 from kernels_eval import task as task_lib
 from kernels_eval import trials as trials_lib
 from kernels_eval import verdicts
+from kernels_eval.kernelbench import answers as kernelbench_answers
+from kernels_eval.kernelbench import evaluate as kernelbench_evaluate
 
 REQUEST_STAGES = ("static", "compile", "correctness", "full")
 SUSPICIOUS_SPEEDUP = verdicts.SUSPICIOUS_SPEEDUP
@@ -77,6 +79,8 @@ def checked_static(backend: backends.Backend, task: task_lib.Task, source: str) 
   """The backend's static check, failing closed: any exception while checking the candidate is its
   `compile_error` (`static_check_failed`); only a machine that cannot isolate is the harness's problem."""
   try:
+    if task.kernelbench is not None and backend.lang == "cuda":
+      return kernelbench_answers.check_answer(source)[1]
     return backend.static_check(task, source)
   except jail.IsolationUnavailable:
     raise
@@ -195,13 +199,17 @@ class Evaluator:
       self._remember(key, result)
       done.set_result(result)
       return
-    payload, trial_inputs = self._payload(request, source, seed)
-    expect = protocol.Expect(len(trial_inputs), request.stages, timing="timing_trials" in payload)
     timeout = request.timeout_s or self.timeout_s or backend.timeout_s
-    job = self.pool.submit(["reference", request.lang], payload, timeout)
 
     def result(status: str, stage_: str, feedback: str, **kw) -> schema.EvalResult:
       return schema.EvalResult(status=status, stage=stage_, feedback=feedback, provenance=prov, **base, **kw)
+
+    if request.task.kernelbench is not None:
+      self._finish_kernelbench(request, source, seed, timeout, result, prov, key, start, done)
+      return
+    payload, trial_inputs = self._payload(request, source, seed)
+    expect = protocol.Expect(len(trial_inputs), request.stages, timing="timing_trials" in payload)
+    job = self.pool.submit(["reference", request.lang], payload, timeout)
 
     def finish(f: concurrent.futures.Future) -> None:
       try:
@@ -216,6 +224,19 @@ class Evaluator:
       done.set_result(result_)
 
     job.add_done_callback(finish)
+
+  def _finish_kernelbench(self, request: EvalRequest, source: str, seed: int, timeout: float, result,
+                          prov: schema.Provenance, key: tuple, start: float, done: concurrent.futures.Future) -> None:
+    """A KernelBench task's verdict (`kernelbench.evaluate`; its jobs are waited for on this thread)."""
+    gpu = self.pool.platform != "cpu"
+    if request.lang == "cuda":
+      result_ = kernelbench_evaluate.evaluate_cuda(self.pool, request, source, seed, timeout, gpu, result, prov)
+    else:
+      result_ = kernelbench_evaluate.evaluate_pallas(self.pool, request, source, seed, timeout, gpu, result, prov)
+    prov.durations.update(_durations(total=time.monotonic() - start))
+    if result_.infra_error is None and result_.status != "timeout":
+      self._remember(key, result_)
+    done.set_result(result_)
 
   def _payload(self, request: EvalRequest, source: str, seed: int) -> tuple[dict[str, Any], list]:
     """The job's payload (inputs drawn here, from the secret seed) and its trial inputs."""

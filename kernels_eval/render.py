@@ -89,13 +89,18 @@ def _shape_text(spec: task_lib.InputSpec) -> str:
 def render_task(task: task_lib.Task, lang: str) -> str:
   """Statement, inputs, reference and the contract of `lang`."""
   from kernels_eval import backends  # pylint: disable=import-outside-toplevel  (backends import render)
-  try:
-    contract = backends.get(lang).contract(task)
-  except ValueError:
-    if lang != "cuda":
-      raise
-    contract = cuda_contract(task)
-  inputs = "\n".join(f"- {i.name}: shape {_shape_text(i)}, {i.dtype}, values {i.dist['kind']}"
+  if task.kernelbench is not None:
+    from kernels_eval.kernelbench import render as kernelbench_render  # pylint: disable=import-outside-toplevel
+    contract = kernelbench_render.contract(task, lang)
+  else:
+    try:
+      contract = backends.get(lang).contract(task)
+    except ValueError:
+      if lang != "cuda":
+        raise
+      contract = cuda_contract(task)
+  inputs = "\n".join(f"- {i.name}: shape {_shape_text(i)}, {i.dtype}, values "
+                     f"{'as the problem file makes them' if task.kernelbench else i.dist['kind']}"
                      for i in task.inputs)
   checks = "; ".join(", ".join(f"{k}={v}" for k, v in d.items()) for d in task.check_dims)
   timing = ", ".join(f"{k}={v}" for k, v in task.timing_dims.items())

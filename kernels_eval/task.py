@@ -20,7 +20,8 @@ TASKS_DIR = pathlib.Path(__file__).resolve().parent / "tasks"
 DTYPES = ("float32", "float16", "bfloat16", "int32")
 DIST_KINDS = {"normal": (), "uniform": ("low", "high"), "positive": (), "randint": ("low", "high")}
 DEFAULT_TOLERANCE = {"float32": {"atol": 1e-4, "rtol": 1e-4}, "float16": {"atol": 1e-2, "rtol": 1e-2},
-                     "bfloat16": {"atol": 1e-2, "rtol": 1e-2}, "int32": {"atol": 0.0, "rtol": 0.0}}
+                     "bfloat16": {"atol": 1e-2, "rtol": 1e-2}, "int32": {"atol": 0.0, "rtol": 0.0},
+                     "int64": {"atol": 0.0, "rtol": 0.0}, "bool": {"atol": 0.0, "rtol": 0.0}}
 SKELETON_MARKER = "# >>> your code here <<<"
 REQUIRED = ("ID", "LEVEL", "SPLIT", "FAMILY", "STATEMENT", "DIMS", "INPUTS")
 OPTIONAL = ("TOLERANCE", "SOLUTIONS", "SKELETON")
@@ -51,7 +52,12 @@ class InputSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-  """One parsed task. `trusted` is True only for the embedded suite (its reference is not static-checked)."""
+  """One parsed task. `trusted` is True only for the embedded suite (its reference is not static-checked).
+
+  `kernelbench`: None for tasks in this project's format; for a KernelBench problem
+  (`kernels_eval.kernelbench`) the JSON-safe description its reference runner needs (problem source,
+  sizes, the names, shapes and dtypes of its inputs, parameters and output).
+  """
   id: str
   level: int
   split: str
@@ -66,6 +72,7 @@ class Task:
   source_hash: str
   path: str
   trusted: bool = False
+  kernelbench: dict[str, Any] | None = None
 
   @property
   def check_dims(self) -> list[dict[str, int]]:
@@ -88,8 +95,9 @@ class Task:
 
   def to_job(self) -> dict[str, Any]:
     """The JSON-safe part a worker needs to run the reference."""
-    return {"id": self.id, "reference_source": self.reference_source, "input_names": self.input_names,
-            "dim_names": self.dim_names, "source_hash": self.source_hash}
+    job = {"id": self.id, "reference_source": self.reference_source, "input_names": self.input_names,
+           "dim_names": self.dim_names, "source_hash": self.source_hash}
+    return {**job, "kernelbench": self.kernelbench} if self.kernelbench is not None else job
 
 
 def _literal(path, field: str, node: ast.AST) -> Any:

@@ -29,7 +29,7 @@ def derive_seed(secret: bytes, task_hash: str, request_id: str) -> int:
   return int.from_bytes(digest[:8], "big") >> 1
 
 
-def _draw(rng: np.random.Generator, spec: task_lib.InputSpec, shape: tuple[int, ...]) -> np.ndarray:
+def draw(rng: np.random.Generator, spec: task_lib.InputSpec, shape: tuple[int, ...]) -> np.ndarray:
   kind = spec.dist["kind"]
   if kind == "normal":
     mean = rng.uniform(-1.0, 1.0)
@@ -50,7 +50,7 @@ def trial_inputs(task: task_lib.Task, seed: int, trial: int,
   """Inputs of one trial, in argument order. `dims` overrides the trial's check dims."""
   dims = dims or task.check_dims[trial % len(task.check_dims)]
   rng = np.random.default_rng([seed, trial])
-  return [_draw(rng, spec, spec.concrete_shape(dims)) for spec in task.inputs]
+  return [draw(rng, spec, spec.concrete_shape(dims)) for spec in task.inputs]
 
 
 def all_trials(task: task_lib.Task, seed: int, num_trials: int = NUM_TRIALS) -> list[list[np.ndarray]]:

@@ -26,7 +26,7 @@ Result = Callable[..., schema.EvalResult]   # result(status, stage, feedback, **
 
 
 def _tolerance(task: task_lib.Task, ref: np.ndarray) -> dict[str, float]:
-  return task.tolerance_for(ref.dtype.name if ref.dtype.name in task_lib.DTYPES else "float32")
+  return task.tolerance_for(ref.dtype.name)
 
 
 def _died(step: pool_lib.StepOutcome, stage: str, result: Result) -> schema.EvalResult:
@@ -116,6 +116,14 @@ def from_outcome(task: task_lib.Task, stages: str, outcome: pool_lib.JobOutcome,
   ref = protocol.read_reference(ref_step.messages, expect)
   if ref.error is not None:
     return result("runtime_error", "compile", "", infra_error=ref.error[-1000:])
+  return from_candidate(task, stages, ref, cand_step, expect, trial_inputs, timeout, result, prov)
+
+
+def from_candidate(task: task_lib.Task, stages: str, ref: protocol.ReferenceReport,
+                   cand_step: pool_lib.StepOutcome | None, expect: protocol.Expect, trial_inputs: list,
+                   timeout: float, result: Result, prov: schema.Provenance) -> schema.EvalResult:
+  """The verdict of a candidate step against a reference report read without error (from the same job, or,
+  for a KernelBench problem, from the job that ran its torch reference)."""
   prov.durations.update({k: round(v, 6) for k, v in ref.durations.items()})
   if cand_step is None:
     return result("runtime_error", "compile", "", infra_error="the candidate step did not run")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Callable, Sequence, TypeVar
+import pathlib
+from typing import Callable, Mapping, Sequence, TypeVar
 
 import ml_collections
 
@@ -66,7 +67,27 @@ def parse_config(argv: Sequence[str], flag_values=None, flag: str = "config") ->
   config = flag_values[flag].value
   if config is None:
     raise SystemExit(f"error: --{flag} <file> is required")
+  enable_compile_cache(compile_cache_dir(os.environ))
   return config
+
+
+def compile_cache_dir(environ: Mapping[str, str]) -> str:
+  """Where JAX keeps compiled steps between runs: $JAX_COMPILATION_CACHE_DIR when set ("off" disables the cache),
+  else <user cache>/leap_jax/jax ($XDG_CACHE_HOME, default ~/.cache), so that a rerun or a resumed run reads
+  its compiled steps instead of compiling them again."""
+  if "JAX_COMPILATION_CACHE_DIR" in environ:
+    return environ["JAX_COMPILATION_CACHE_DIR"]
+  base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "leap_jax", "jax")
+
+
+def enable_compile_cache(directory: str) -> None:
+  """Turns on JAX's persistent compilation cache in `directory` (created); "off" or "" leaves it off."""
+  if directory in ("", "off"):
+    return
+  import jax  # pylint: disable=import-outside-toplevel
+  pathlib.Path(directory).mkdir(parents=True, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", directory)
 
 
 def to_typed(config: ml_collections.ConfigDict, from_dict: Callable[[dict], T]) -> T:

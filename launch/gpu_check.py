@@ -9,14 +9,19 @@ evaluator  the CUDA suite compiled in one parallel batch, cold then cached; jobs
            out-of-bounds cases again under compute-sanitizer. Without a GPU, CUDA ends `not_run: no GPU`
            after compile and audit and the sanitizer runs are skipped.
 sampler    `leap_jax.sampling.gpu_section.run`: tokens/s, compile times, bandwidth against the device's copy.
-learner    `leap_jax.train.gpu_section.run`: compile time, step time, tokens/s, model FLOPs utilisation.
+learner    `leap_jax.train.gpu_section.run`: compile time, step time, tokens/s, model FLOPs utilisation, per
+           episode and shared-prefix.
+kernelbench the KernelBench fixture problems (tests/fixtures/kernelbench) loaded as KernelBench tasks and
+           their right Pallas answers evaluated: on a GPU at the files' own sizes against the torch reference,
+           timed where torch sees the GPU; per problem status, speedup and flags, and fast_p over them. On a
+           CPU the same path runs at the check sizes (statuses, no times).
 
 Every section gets a deadline (its share of what is left of `--budget-s`) and checks it before each batch;
 a batch still running at its deadline is abandoned (its unfinished jobs are reported as such). DIR/gpu_check.json
 is rewritten after every batch, so a killed run still leaves what it measured. `--dry-run` runs every
 section's code path on a few tasks and tiny shapes on whatever machine this is (on a CPU the evaluator times
 at the check sizes, so the timing path runs too; its numbers mean nothing). The check needs JAX, NumPy,
-Flax, Optax and nvcc; no ml_collections, orbax, ray or transformers.
+Flax, Optax, nvcc and (for the kernelbench section) torch; no ml_collections, orbax, ray or transformers.
 """
 from __future__ import annotations
 
@@ -46,9 +51,12 @@ from kernels_eval.cuda import session as cuda_session  # noqa: E402
 from kernels_eval.cuda import toolchain  # noqa: E402
 from kernels_eval.hardening import corpus  # noqa: E402
 from kernels_eval.hardening import escaped  # noqa: E402
+from kernels_eval.kernelbench import metrics as kernelbench_metrics  # noqa: E402
+from kernels_eval.kernelbench import tasks as kernelbench_tasks  # noqa: E402
 
-SECTIONS = ("evaluator", "sampler", "learner")
-SHARES = {"evaluator": 0.55, "sampler": 0.15, "learner": 0.30}
+SECTIONS = ("evaluator", "kernelbench", "sampler", "learner")
+SHARES = {"evaluator": 0.50, "kernelbench": 0.05, "sampler": 0.15, "learner": 0.30}
+KERNELBENCH_FIXTURES = REPO_ROOT / "tests" / "fixtures" / "kernelbench"
 NO_GPU = "not_run: no GPU"
 SCALING_TASKS = 2          # per language: the same jobs at 1 and at N workers
 DRY_RUN_TASKS = 2          # per language, in a dry run
@@ -322,9 +330,39 @@ def _section_deadline(sections: list[str], index: int, end: float) -> float:
   return now + (end - now) * shares[0] / sum(shares)
 
 
+def kernelbench_answer(pid: str, which: str) -> str:
+  """The "right" or "wrong" Pallas answer to KernelBench fixture problem `pid` (answers/cases.json)."""
+  answers = KERNELBENCH_FIXTURES / "answers"
+  case = json.loads((answers / "cases.json").read_text())[pid]
+  text = (answers / f"{case['stem']}.py").read_text()
+  for key, value in case[which].items():
+    text = text.replace(key, value)
+  return text
+
+
+def kernelbench_section(run: EvalRun) -> dict:
+  """The fixture problems' right Pallas answers as KernelBench tasks (see the module docstring)."""
+  with run.evaluator(run.workers) as ev:
+    tasks, skipped = kernelbench_tasks.load_tasks(str(KERNELBENCH_FIXTURES), ev)
+    requests = [evaluator_lib.EvalRequest(t, kernelbench_answer(t.id, "right"), "pallas", "full",
+                                          request_id=f"check-kernelbench-{t.id}") for t in tasks]
+    futures = [ev.submit(r) for r in requests]
+    concurrent.futures.wait(futures, timeout=max(run.left(), 0.0))
+    rows = [_result_row(rq, f.result() if f.done() else None) for rq, f in zip(requests, futures)]
+  levels = {t.id: t.level for t in tasks}
+  solved = {r["task"]: 1 if r["status"] == "correct" else None for r in rows}
+  speedups = {r["task"]: r.get("speedup") for r in rows}
+  per_level = kernelbench_metrics.per_level(levels, solved, 1, speedups)
+  _print_table(["problem", "status", "speedup", "flags"],
+               [[r["task"], r["status"], _fmt(r.get("speedup")), ",".join(r.get("flags", []))] for r in rows])
+  return {"skipped": skipped, "results": rows, "per_level": {str(k): v for k, v in per_level.items()}}
+
+
 def run_section(name: str, report: Report, run: EvalRun, out_dir: pathlib.Path) -> dict:
   if name == "evaluator":
     return evaluator_section(report, run)
+  if name == "kernelbench":
+    return kernelbench_section(run)
   module = "leap_jax.sampling.gpu_section" if name == "sampler" else "leap_jax.train.gpu_section"
   return external_section(name, module, out_dir, run.deadline, run.dry_run)
 

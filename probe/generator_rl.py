@@ -91,7 +91,8 @@ def sample_generations(source, params, checker: generator_lib.TaskChecker, rewar
     policy_mask[r, n:n + m] = True
     advantages[r, n:n + m] = adv[r]
     old_logprobs[r, n:n + m] = c.logprobs
-  batch = batch_lib.batch_from_numpy(tokens, policy_mask, advantages, old_logprobs, input_mask=input_mask)
+  batch = batch_lib.batch_from_numpy(tokens, policy_mask, advantages, old_logprobs, input_mask=input_mask,
+                                     group_ids=np.arange(P * G) // G)
   return GeneratorRollout(batch=batch, rewards=rewards, checked=checked)
 
 

@@ -21,7 +21,7 @@ from leap_jax.metrics.writer import MetricsWriter
 from leap_jax.train import build
 from leap_jax.train import hooks as hooks_lib
 from leap_jax.train.checkpoint import Checkpointer
-from leap_jax.train.learner import Learner, model_logprob_fn
+from leap_jax.train.learner import Learner
 from leap_jax.train.optim import make_optimizer
 from probe import corpus
 from probe import generator
@@ -56,8 +56,8 @@ def setup(config: PropelConfig, probes: Sequence[Any], layer: int, echo: Callabl
   ref_params = jax.tree.map(jnp.array, source.params)
   extractor = pipeline.make_extractor(config, nnx.merge(graphdef, ref_params), tokenizer, layer)
   reward = reward_lib.ProbeReward(extractor, probes, lang=config.lang, r_bad=config.probe.r_bad)
-  learner = Learner(model_logprob_fn(graphdef, temperature=config.generator.temperature),
-                    make_optimizer(config.optim), config.learner)
+  learner = Learner.for_model(graphdef, make_optimizer(config.optim), config.learner,
+                              temperature=config.generator.temperature)
   directory = pathlib.Path(config.workdir) / "generator"
   return GeneratorRun(config, source, reward, pipeline.make_checker(config.generator, remember=False), learner,
                       ref_params, None, [], directory)

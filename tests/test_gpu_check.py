@@ -31,7 +31,7 @@ def test_dry_run_covers_every_section_without_the_missing_packages(tmp_path):
                         env=env, capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   report = json.loads((out / "gpu_check.json").read_text())
-  assert report["dry_run"] and set(report["sections"]) == {"evaluator", "sampler", "learner"}
+  assert report["dry_run"] and set(report["sections"]) == {"evaluator", "kernelbench", "sampler", "learner"}
   ev = report["sections"]["evaluator"]
   assert not any("error" in v for v in report["sections"].values()), proc.stdout[-3000:]
   pallas = [r for r in ev["suite"]["rows"] if r["lang"] == "pallas"]
@@ -40,6 +40,9 @@ def test_dry_run_covers_every_section_without_the_missing_packages(tmp_path):
   assert ev["scaling"]["workers_1"]["finished"] == ev["scaling"]["jobs"] and ev["scaling"]["timing_spread"]
   assert ev["bandwidth"] and ev["hardening"]["caught"] == ev["hardening"]["total"] > 0
   assert "timing" in ev["suite"]["mean_s_per_job"]
+  kb = report["sections"]["kernelbench"]
+  assert not kb["skipped"] and len(kb["results"]) == 6 and all(r["status"] == "correct" for r in kb["results"])
+  assert kb["per_level"]["1"]["problems"] == 5 and kb["per_level"]["1"]["timed"] == 0  # nothing timed on CPU
   for name in ("sampler", "learner"):
     assert report["sections"][name]["status"] == "dry_run", report["sections"][name]
   assert (out / "gpu_sampler.json").exists() and (out / "gpu_learner.json").exists()

@@ -49,18 +49,33 @@ def test_model_flops_formula():
 def test_dry_run_times_steady_steps_without_recompiling(tmp_path):
   result = gpu_section.run(str(tmp_path), dry_run=True)
   assert result == _written(tmp_path) and result["status"] == "dry_run", result
-  first, steps = result["first_step"], result["steps"]
-  assert first["compiles"] >= 1 and first["compile_s"] > 0  # the listener sees the step's compile ...
-  assert steps["recompiles"] == 0 and steps["steps"] == 2  # ... and none during the timed steps
-  assert steps["tokens_per_s"] > 0 and steps["model_tflops"] > 0 and result["matmul"]["tflops"] > 0
-  assert steps["mfu_measured"] == pytest.approx(steps["model_tflops"] / result["matmul"]["tflops"])
-  assert np.isfinite(steps["loss"]) and steps["grad_norm"] > 0
+  for layout in gpu_section.LAYOUTS:
+    first, steps = result[f"{layout}_first_step"], result[f"{layout}_steps"]
+    assert first["compiles"] >= 1 and first["compile_s"] > 0  # the listener sees the step's compile ...
+    assert steps["recompiles"] == 0 and steps["steps"] == 2  # ... and none during the timed steps
+    assert steps["tokens_per_s"] > 0 and steps["model_tflops"] > 0 and result["matmul"]["tflops"] > 0
+    assert steps["mfu_measured"] == pytest.approx(steps["model_tflops"] / result["matmul"]["tflops"])
+    assert np.isfinite(steps["loss"]) and steps["grad_norm"] > 0
+  # Same batch, same parameters: the two layouts compute the same first loss on fewer positions.
+  assert result["shared_prefix_first_step"]["loss"] == pytest.approx(result["per_episode_first_step"]["loss"],
+                                                                     rel=1e-4)
+  assert result["shared_prefix_steps"]["positions"] < result["per_episode_steps"]["positions"]
+  assert result["shared_prefix_speedup"] > 0
+
+
+def test_layout_flops_count_what_the_shared_prefix_layout_computes():
+  cfg = ModelConfig.from_hf_config(gpu_section.TINY)
+  attention = 12 * 2 * 4 * 16
+  assert gpu_section.layout_flops(cfg, 1000, 2, 3, 8, 4) == 6 * 1000 * 2 * (8 + 12) + attention * 2 * (64 + 12 * 12)
+  # One unit of one row with no prefix is the per-episode count of that row.
+  assert gpu_section.layout_flops(cfg, 1000, 1, 1, 0, 32) == gpu_section.model_flops(cfg, 1000, 1, 32)
 
 
 def test_past_deadline_skips_every_measurement(tmp_path):
   result = gpu_section.run(str(tmp_path), deadline=time.monotonic() - 1, dry_run=True)
   assert result == _written(tmp_path) and result["status"] == "dry_run"
-  assert all(result[key] == {"skipped": "time budget"} for key in ("matmul", "first_step", "steps"))
+  keys = ["matmul"] + [f"{layout}_{part}" for layout in gpu_section.LAYOUTS for part in ("first_step", "steps")]
+  assert all(result[key] == {"skipped": "time budget"} for key in keys)
 
 
 def test_a_failed_first_step_is_recorded_and_skips_the_timed_steps(tmp_path, monkeypatch):
@@ -69,14 +84,15 @@ def test_a_failed_first_step_is_recorded_and_skips_the_timed_steps(tmp_path, mon
   monkeypatch.setattr(gpu_section._Bench, "first_step", fail)  # pylint: disable=protected-access
   result = gpu_section.run(str(tmp_path), dry_run=True)
   assert result == _written(tmp_path) and result["status"] == "error" and result["matmul"]["tflops"] > 0
-  assert "out of device memory" in result["first_step"]["error"]
-  assert result["steps"] == {"skipped": "first step failed"}
+  assert "out of device memory" in result["per_episode_first_step"]["error"]
+  assert result["per_episode_steps"] == {"skipped": "first step failed"}
 
 
 @pytest.mark.gpu
 def test_qwen_shaped_step(tmp_path):
   result = gpu_section.run(str(tmp_path))
   assert result["status"] == "ok", result
-  steps = result["steps"]
-  assert steps["recompiles"] == 0 and steps["tokens_per_s"] > 0 and steps["peak_memory_gib"] > 0
-  assert 0 < steps["mfu_datasheet"] < 1 and np.isfinite(steps["loss"])
+  for layout in gpu_section.LAYOUTS:
+    steps = result[f"{layout}_steps"]
+    assert steps["recompiles"] == 0 and steps["tokens_per_s"] > 0 and steps["peak_memory_gib"] > 0
+    assert 0 < steps["mfu_datasheet"] < 1 and np.isfinite(steps["loss"])

@@ -238,6 +238,10 @@ def test_train_batch_can_drop_zero_advantage_episodes(setup):
   for name in ("tokens", "policy_mask", "advantages", "old_logprobs"):
     np.testing.assert_array_equal(np.asarray(getattr(full, name))[kept, :length], np.asarray(getattr(dropped, name)))
   assert not np.asarray(full.policy_mask)[kept, length:].any()
+  np.testing.assert_array_equal(full.group_ids, np.arange(P * G) // G)  # a row's group is its task
+  np.testing.assert_array_equal(dropped.group_ids, np.asarray(kept) // G)
+  padded = batching.to_train_batch(batch, adv, row_multiple=P * G + 3)
+  np.testing.assert_array_equal(padded.group_ids[P * G:], -1)
   empty = batching.to_train_batch(batch, np.zeros_like(adv), drop_zero_advantage=True, row_multiple=2)
   assert np.asarray(empty.tokens).shape[0] == 2 and not np.asarray(empty.policy_mask).any()
 

@@ -1,4 +1,5 @@
 """Cold-start SFT: examples match the rollout's turn-1 prompt, masks, the truncated-gradient loss, learning."""
+import jax
 import numpy as np
 import optax
 import pytest
@@ -69,3 +70,23 @@ def test_examples_use_the_rollout_prompt_and_a_fenced_trusted_solution():
   with pytest.raises(ValueError, match="no SFT examples|SFT has no examples"):
     sft.run_sft(Transformer(ModelConfig.from_hf_config(TINY), rngs=nnx.Rngs(0)), [], optax.sgd(0.1), steps=1,
                 batch_size=1, seed=0)
+
+
+def test_examples_sharing_a_prompt_run_it_once_with_the_same_updates():
+  """Two prompts, each with three replies: the shared-prefix batch gives the per-example losses and updates."""
+  rng = np.random.default_rng(1)
+  prompts_ = [tuple(rng.integers(1, 64, n).tolist()) for n in (17, 23)]
+  examples = [sft.SFTExample(f"t{i}", prompts_[i % 2], tuple(rng.integers(1, 64, 3 + i).tolist())) for i in range(6)]
+  packed = sft.pack(examples, length_multiple=8)
+  np.testing.assert_array_equal(packed["group_ids"], [0, 1, 0, 1, 0, 1])
+  split = sft.prompt_split(packed)
+  assert split.num_groups == 2 and split.group_size == 3 and list(split.prefix_len) == [17, 23]
+  params = {}
+  for shared in (True, False):
+    model = Transformer(ModelConfig.from_hf_config(TINY), rngs=nnx.Rngs(0))
+    history = sft.run_sft(model, examples, optax.sgd(0.5), steps=2, batch_size=6, seed=0, shared_prefix=shared)
+    params[shared] = (history, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model))])
+  for a, b in zip(params[True][0], params[False][0]):
+    assert a["nll"] == pytest.approx(b["nll"], rel=1e-5) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+  for a, b in zip(params[True][1], params[False][1]):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

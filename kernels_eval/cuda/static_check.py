@@ -106,6 +106,9 @@ RULES: tuple[tuple[str, str, str], ...] = (
      "this __builtin_ function is not allowed (only math and optimisation hints)"),
 )
 _COMPILED = tuple((code, re.compile(rx, re.MULTILINE), msg) for code, rx, msg in RULES)
+_TORCH_EXTENSION_RULES = tuple(
+    (code, re.compile(rx.replace("|torch|at|c10)", ")"), re.MULTILINE) if code == "library_call" else compiled, msg)
+    for (code, rx, msg), (_, compiled, _) in zip(RULES, _COMPILED))
 _INCLUDE = re.compile(r'include\s*(?:<([^<>"\n]+)>|"([^<>"\n]+)")\s*$')
 _ENTRY = re.compile(r'extern\s+"C"\s+(__host__\s+)?void\s+solution\s*\(')
 _DIRECTIVE = re.compile(r"^[ \t\f\v]*#[ \t\f\v]*(\w*)(.*)$", re.MULTILINE)
@@ -246,17 +249,17 @@ def _check_attributes(code: str) -> Rejection | None:
   return None
 
 
-def _apply_rules(code: str) -> Rejection | None:
-  """`RULES`, then the attribute allow-list, on literal-free code."""
-  for reason, rx, message in _COMPILED:
+def _apply_rules(code: str, rules=_COMPILED) -> Rejection | None:
+  """`rules` (default `RULES`), then the attribute allow-list, on literal-free code."""
+  for reason, rx, message in rules:
     match = rx.search(code)
     if match:
       return Rejection(reason, f"`{match.group(0).strip()}`: {message}", _line_of(code, match.start()))
   return _check_attributes(code)
 
 
-def _check_directives(code: str) -> Rejection | None:
-  """Directive names, `#include` forms and names, `#pragma unroll`, reserved macro names."""
+def _check_directives(code: str, includes: frozenset[str] = ALLOWED_INCLUDES) -> Rejection | None:
+  """Directive names, `#include` forms and names (in `includes`), `#pragma unroll`, reserved macro names."""
   for m in _DIRECTIVE.finditer(code):
     name, rest, line = m.group(1), m.group(2), _line_of(code, m.start())
     if name not in ALLOWED_DIRECTIVES or (name == "pragma" and not _UNROLL.fullmatch(rest)):
@@ -266,10 +269,10 @@ def _check_directives(code: str) -> Rejection | None:
     if name == "include":
       include = _INCLUDE.fullmatch(("include" + rest).strip())
       header = include and (include.group(1) or include.group(2)).strip()
-      if header not in ALLOWED_INCLUDES:
+      if header not in includes:
         written = rest.strip()[:80]
         return Rejection("forbidden_include", f"#include {written} is not allowed; allowed: "
-                         f"{', '.join(sorted(ALLOWED_INCLUDES))}", line)
+                         f"{', '.join(sorted(includes))}", line)
     reserved = _RESERVED_DEFINE.match(name + rest)
     if reserved:
       return Rejection("forbidden_preprocessor", f"`#{reserved.group(1)} {reserved.group(2)}`: names starting with "
@@ -293,6 +296,22 @@ def check_source(source: str) -> Rejection | None:
   if not _ENTRY.search(code):
     return Rejection("missing_entry_point", 'no `extern "C" void solution(...)` launch function found')
   return _apply_rules(strip_literals(code))
+
+
+def check_torch_extension_source(source: str, includes: frozenset[str]) -> Rejection | None:
+  """The CUDA text of a KernelBench answer (`torch.utils.cpp_extension.load_inline`): the rules of
+  `check_source` with `includes` allowed, no `solution` entry point required, and the `torch::`, `at::` and
+  `c10::` namespaces allowed (which of their names exist is decided by compiling against the allowlisted API
+  header, `kernelbench/torch_api.h`); every other library stays refused."""
+  if not source.strip():
+    return Rejection("empty_source", "the CUDA source is empty")
+  if len(source.encode("utf-8")) > MAX_SOURCE_BYTES:
+    return Rejection("source_too_large", f"the source exceeds {MAX_SOURCE_BYTES} bytes")
+  try:
+    code = normalise(source)
+  except _Refused as e:
+    return e.rejection
+  return _check_directives(code, includes) or _apply_rules(strip_literals(code), _TORCH_EXTENSION_RULES)
 
 
 @dataclasses.dataclass

@@ -222,12 +222,12 @@ class Transformer(nnx.Module):
       attend_len: with a cache, attention reads only slots [0, attend_len) (a static int; every position
         must be below it). Samplers set it to the positions a call can reach, so a call's attention cost
         follows its episodes' lengths instead of the cache size S.
-      return_kv: (no cache) return every layer's keys/values of this call's tokens as `cache`,
-        {"k", "v"} [N, B, K, L, d] (RoPE applied; entry l is token l, whatever its position).
+      return_kv: (no cache) return every layer's keys/values of this call's tokens as `cache`, {"k", "v"}
+        [N, B, K, L, d] (RoPE applied; entry l is token l, whatever its position).
       prefix_kv: (no cache) {"k", "v"} [N, P, K, Lp, d], e.g. from a `return_kv=True` call on P prefixes;
         B must be a multiple R of P, and rows p*R .. p*R + R - 1 attend to prefix p's keys where
-        `prefix_valid` (bool[P, Lp], default all) holds, then to their own tokens causally. Positions
-        should continue the prefix's (RoPE is applied with the given positions). Differentiable in both.
+        `prefix_valid` (bool[P, Lp], default all) holds, then to their own tokens causally; positions should
+        continue the prefix's (RoPE uses the given ones). Differentiable in both.
 
     Returns:
       ModelOutput(logits, cache, hidden, final_hidden).
@@ -237,10 +237,24 @@ class Transformer(nnx.Module):
     prefix_valid = self._check_prefix(tokens, cache, return_kv, prefix_kv, prefix_valid)
     dt = cfg.compute_dtype
     x = jnp.take(self.embedding[...], tokens, axis=0).astype(dt)
-    sin, cos = rope_angles(cfg, positions)
     record = jnp.asarray(hidden_layers, jnp.int32)[:, None, None, None] if hidden_layers else None
     hidden = jnp.zeros((len(hidden_layers),) + x.shape, dt) if hidden_layers else None
     kv = None if cache is None else (cache["k"], cache["v"])
+    prefix = None if prefix_kv is None else (prefix_kv["k"], prefix_kv["v"], prefix_valid)
+    step = self._layer_step(rope_angles(cfg, positions), positions, record, attend_len, return_kv)
+    (x, hidden, kv), layer_kvs = self._run_layers(step, (x, hidden, kv), prefix)
+    kv = layer_kvs if return_kv else kv
+    if hidden is not None:
+      hidden = jnp.where(record == cfg.num_layers, x[None], hidden)
+    final_hidden = self.final_norm(x)
+    logits = self.logits_from_hidden(final_hidden) if return_logits else None
+    new_cache = None if kv is None else {"k": kv[0], "v": kv[1]}
+    return ModelOutput(logits=logits, cache=new_cache, hidden=hidden, final_hidden=final_hidden)
+
+  def _layer_step(self, sin_cos, positions, record, attend_len, return_kv):
+    """make_step(graphdef) -> step(layer_state, (x, hidden, kv), index, prefix_layer) -> (carry, layer_kv):
+    one decoder layer, recording its input into `hidden` and, with return_kv, emitting its own keys/values."""
+    sin, cos = sin_cos
 
     def make_step(graphdef):
       def step(layer_state, carry, index, prefix_layer=None):
@@ -248,40 +262,37 @@ class Transformer(nnx.Module):
         if hidden is not None:
           hidden = jnp.where(record == index, x[None], hidden)
         layer = nnx.merge(graphdef, layer_state)
-        prefix = None if prefix_layer is None else (*prefix_layer, prefix_valid)
         x, layer_kv = layer(x, sin, cos, positions, None if kv is None else (*kv, index), attend_len,
-                            prefix, return_kv)
+                            prefix_layer, return_kv)
         if return_kv:  # this layer's own keys/values leave as a per-layer output
           return (x, hidden, kv), layer_kv
         return (x, hidden, layer_kv), None
-      if cfg.remat == "full":
-        return jax.checkpoint(step, prevent_cse=not cfg.scan_layers)
+      if self.config.remat == "full":
+        return jax.checkpoint(step, prevent_cse=not self.config.scan_layers)
       return step
+    return make_step
 
-    carry = (x, hidden, kv)
-    prefix_layers = None if prefix_kv is None else (prefix_kv["k"], prefix_kv["v"])
-    if cfg.scan_layers:
+  def _run_layers(self, make_step, carry, prefix):
+    """All layers, scanned or looped: (final carry, stacked per-layer keys/values or None).
+
+    prefix: None or (k, v, valid) with k, v [N, P, K, Lp, d]; layer i attends to (k[i], v[i], valid)."""
+    num_layers = self.config.num_layers
+    if self.config.scan_layers:
       graphdef, stacked = nnx.split(self.layers)
       step = make_step(graphdef)
-      carry, layer_kvs = jax.lax.scan(lambda c, xs: step(xs[0], c, *xs[1:]), carry,
-                                      (stacked, jnp.arange(cfg.num_layers, dtype=jnp.int32), prefix_layers))
-    else:
-      layer_kvs = []
-      for i, layer in enumerate(self.layers):
-        graphdef, layer_state = nnx.split(layer)
-        prefix_layer = None if prefix_layers is None else (prefix_layers[0][i], prefix_layers[1][i])
-        carry, layer_kv = make_step(graphdef)(layer_state, carry, jnp.int32(i), prefix_layer)
-        layer_kvs.append(layer_kv)
-      layer_kvs = jax.tree.map(lambda *a: jnp.stack(a), *layer_kvs) if return_kv else None
-    x, hidden, kv = carry
-    if return_kv:
-      kv = layer_kvs
-    if hidden is not None:
-      hidden = jnp.where(record == cfg.num_layers, x[None], hidden)
-    final_hidden = self.final_norm(x)
-    logits = self.logits_from_hidden(final_hidden) if return_logits else None
-    new_cache = None if kv is None else {"k": kv[0], "v": kv[1]}
-    return ModelOutput(logits=logits, cache=new_cache, hidden=hidden, final_hidden=final_hidden)
+      per_layer = None if prefix is None else (prefix[0], prefix[1])
+      return jax.lax.scan(
+          lambda c, xs: step(xs[0], c, xs[1], None if xs[2] is None else (*xs[2], prefix[2])), carry,
+          (stacked, jnp.arange(num_layers, dtype=jnp.int32), per_layer))
+    layer_kvs = []
+    for i, layer in enumerate(self.layers):
+      graphdef, layer_state = nnx.split(layer)
+      prefix_layer = None if prefix is None else (prefix[0][i], prefix[1][i], prefix[2])
+      carry, layer_kv = make_step(graphdef)(layer_state, carry, jnp.int32(i), prefix_layer)
+      layer_kvs.append(layer_kv)
+    if layer_kvs[0] is None:
+      return carry, None
+    return carry, jax.tree.map(lambda *a: jnp.stack(a), *layer_kvs)
 
   def _check_prefix(self, tokens, cache, return_kv, prefix_kv, prefix_valid) -> jax.Array | None:
     """Validates the shared-prefix arguments; returns prefix_valid (all True when not given) or None."""

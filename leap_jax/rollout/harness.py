@@ -281,7 +281,8 @@ class Rollout:
         continue
       rid = request_id(self.seed, step, int(r), t)
       try:
-        code = kernels_eval.extract_code(self.chat.decode(c.tokens, skip_special_tokens=True), self.lang)
+        code = kernels_eval.extract_code(self.chat.decode(c.tokens, skip_special_tokens=True), self.lang,
+                                         tasks[p])
       except kernels_eval.NoCodeBlock as e:
         out.codes[(p, g, t)] = None
         self._store(out, p, g, t, kernels_eval.missing_code_result(tasks[p], self.lang, str(e), rid))

@@ -49,6 +49,21 @@ def _chunked_logprobs(model, before: jax.Array, tokens: jax.Array, temperature: 
   return out.swapaxes(0, 1).reshape(B, n * C)[:, :L]
 
 
+def _check_grouped(prefix_tokens, prefix_len, suffix_tokens, suffix_mask, prefix_mask, chunk_size) -> None:
+  """Raises ValueError naming the first argument of `grouped_sequence_logprobs` with a wrong shape."""
+  if prefix_tokens.ndim != 2 or prefix_len.shape != prefix_tokens.shape[:1]:
+    raise ValueError(f"prefix_tokens must be [N, Lp] and prefix_len [N], got {prefix_tokens.shape} and "
+                     f"{prefix_len.shape}")
+  N, Lp = prefix_tokens.shape
+  if suffix_tokens.ndim != 3 or suffix_tokens.shape[0] != N or suffix_mask.shape != suffix_tokens.shape:
+    raise ValueError(f"suffix_tokens and suffix_mask must both be [N={N}, G, Ls], got {suffix_tokens.shape} "
+                     f"and {suffix_mask.shape}")
+  if prefix_mask is not None and prefix_mask.shape != (N, Lp):
+    raise ValueError(f"prefix_mask must be [N={N}, Lp={Lp}], got {prefix_mask.shape}")
+  if chunk_size is not None and chunk_size <= 0:
+    raise ValueError(f"chunk_size must be positive or None, got {chunk_size}")
+
+
 def grouped_sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prefix_tokens: jax.Array,
                               prefix_len: jax.Array, suffix_tokens: jax.Array, suffix_mask: jax.Array, *,
                               prefix_mask: Optional[jax.Array] = None, temperature: float = 1.0,
@@ -78,30 +93,19 @@ def grouped_sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prefix_
   Returns:
     (prefix_logprobs f32[N, Lp] or None, suffix_logprobs f32[N, G, Ls]), 0 where not reported.
   """
-  if prefix_tokens.ndim != 2 or prefix_len.shape != prefix_tokens.shape[:1]:
-    raise ValueError(f"prefix_tokens must be [N, Lp] and prefix_len [N], got {prefix_tokens.shape} and "
-                     f"{prefix_len.shape}")
+  _check_grouped(prefix_tokens, prefix_len, suffix_tokens, suffix_mask, prefix_mask, chunk_size)
   N, Lp = prefix_tokens.shape
-  if suffix_tokens.ndim != 3 or suffix_tokens.shape[0] != N or suffix_mask.shape != suffix_tokens.shape:
-    raise ValueError(f"suffix_tokens and suffix_mask must both be [N={N}, G, Ls], got {suffix_tokens.shape} "
-                     f"and {suffix_mask.shape}")
-  if prefix_mask is not None and prefix_mask.shape != (N, Lp):
-    raise ValueError(f"prefix_mask must be [N={N}, Lp={Lp}], got {prefix_mask.shape}")
-  if chunk_size is not None and chunk_size <= 0:
-    raise ValueError(f"chunk_size must be positive or None, got {chunk_size}")
   _, G, Ls = suffix_tokens.shape
   model = nnx.merge(graphdef, params)
   prefix_len = prefix_len.astype(jnp.int32)
 
   # 1. The prefixes, once per group: final hidden states and every layer's keys/values.
   t = jnp.arange(Lp, dtype=jnp.int32)
-  prefix_pos = jnp.broadcast_to(t, (N, Lp))
-  pre = model(prefix_tokens.astype(jnp.int32), prefix_pos, return_logits=False, return_kv=True)
+  pre = model(prefix_tokens.astype(jnp.int32), jnp.broadcast_to(t, (N, Lp)), return_logits=False, return_kv=True)
   valid = t[None, :] < prefix_len[:, None]  # [N, Lp]
 
   # 2. The N * G suffixes at their true positions, attending to their group's valid prefix keys.
-  suffix_pos = prefix_len[:, None, None] + jnp.arange(Ls, dtype=jnp.int32)  # [N, 1, Ls]
-  suffix_pos = jnp.broadcast_to(suffix_pos, (N, G, Ls))
+  suffix_pos = jnp.broadcast_to(prefix_len[:, None, None] + jnp.arange(Ls, dtype=jnp.int32), (N, G, Ls))
   suf = model(suffix_tokens.reshape(N * G, Ls).astype(jnp.int32), suffix_pos.reshape(N * G, Ls),
               return_logits=False, prefix_kv=pre.cache, prefix_valid=valid)
   hidden = suf.final_hidden.reshape(N, G, Ls, -1)
@@ -116,8 +120,7 @@ def grouped_sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prefix_
 
   prefix_lp = None
   if prefix_mask is not None:
-    h = pre.final_hidden
-    before = jnp.concatenate([jnp.zeros_like(h[:, :1]), h[:, :-1]], axis=1)
+    before = jnp.concatenate([jnp.zeros_like(pre.final_hidden[:, :1]), pre.final_hidden[:, :-1]], axis=1)
     prefix_lp = _chunked_logprobs(model, before, prefix_tokens.astype(jnp.int32), temperature, chunk_size)
     prefix_lp = jnp.where(prefix_mask.astype(bool) & valid & (t > 0)[None, :], prefix_lp, 0.0)
   return prefix_lp, suffix_lp
@@ -226,6 +229,48 @@ def split_shared_prefix(tokens: np.ndarray, group_ids: np.ndarray, mask: np.ndar
                      prefix_reported=bool(np.any(mask & in_prefix)))
 
 
+def pad_split(split: PrefixSplit, num_groups: int, group_size: int, prefix_width: int,
+              suffix_width: int) -> PrefixSplit:
+  """`split` with N, G, Lp and Ls raised to the given sizes (empty groups and slots added), so that batches
+  of different layouts can share one compiled shape."""
+  N, G = split.group_rows.shape
+  if num_groups < N or group_size < G or prefix_width < split.prefix_width or suffix_width < split.suffix_width:
+    raise ValueError(f"pad_split cannot shrink [N={N}, G={G}, Lp={split.prefix_width}, Ls={split.suffix_width}] "
+                     f"to [{num_groups}, {group_size}, {prefix_width}, {suffix_width}]")
+  group_rows = np.full((num_groups, group_size), -1, np.int32)
+  group_rows[:N, :G] = split.group_rows
+  group_rows[N:, 0] = 0
+  prefix_len = np.zeros(num_groups, np.int32)
+  prefix_len[:N] = split.prefix_len
+  return split.replace(group_rows=group_rows, prefix_len=prefix_len, prefix_width=prefix_width,
+                       suffix_width=suffix_width)
+
+
+def _split_rows(tokens: jax.Array, mask: jax.Array, split: PrefixSplit, report_prefix: bool):
+  """[B, L] rows -> (prefix_tokens [N, Lp], suffix_tokens [N, G, Ls], suffix_mask [N, G, Ls], prefix_mask [N, Lp]
+  or None): the gathers of `split`'s layout (a prefix position is reported if any row of its group asks)."""
+  L = tokens.shape[1]
+  Lp, Ls = split.prefix_width, split.suffix_width
+  plen = jnp.asarray(split.prefix_len, jnp.int32)
+  group_rows = jnp.asarray(split.group_rows, jnp.int32)
+  slot_ok = group_rows >= 0  # [N, G]
+  rows = jnp.maximum(group_rows, 0)
+
+  def gather(x, r, cols, fill):
+    """x[r, cols] with cols past L -> fill: r int[...] broadcasting against cols int[..., W]."""
+    return jnp.where(cols < L, x[r, jnp.minimum(cols, L - 1)], fill)
+
+  t = jnp.arange(Lp, dtype=jnp.int32)
+  prefix_tokens = gather(tokens, rows[:, :1], t[None, :], 0)  # [N, Lp]
+  cols = plen[:, None, None] + jnp.arange(Ls, dtype=jnp.int32)  # [N, 1, Ls]
+  suffix_tokens = gather(tokens, rows[..., None], cols, 0)  # [N, G, Ls]
+  suffix_mask = gather(mask, rows[..., None], cols, False) & slot_ok[..., None]
+  prefix_mask = None
+  if report_prefix:
+    prefix_mask = (gather(mask, rows[..., None], t[None, None, :], False) & slot_ok[..., None]).any(1)
+  return prefix_tokens, suffix_tokens, suffix_mask, prefix_mask
+
+
 def shared_prefix_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array, mask: jax.Array,
                            split: Union[PrefixSplit, np.ndarray], *, temperature: float = 1.0,
                            chunk_size: Optional[int] = 256, trainable: Optional[np.ndarray] = None,
@@ -255,27 +300,12 @@ def shared_prefix_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: ja
   B, L = tokens.shape
   if split.row_group.shape != (B,):
     raise ValueError(f"split is for {split.row_group.shape[0]} rows, tokens have {B}")
-  Lp, Ls = split.prefix_width, split.suffix_width
   tokens = jnp.asarray(tokens, jnp.int32)
   mask = jnp.asarray(mask, bool)
+  report_prefix = split.prefix_reported if prefix_logprobs is None else prefix_logprobs
+  prefix_tokens, suffix_tokens, suffix_mask, prefix_mask = _split_rows(tokens, mask, split, report_prefix)
+  Lp, Ls = split.prefix_width, split.suffix_width
   plen = jnp.asarray(split.prefix_len, jnp.int32)
-  group_rows = jnp.asarray(split.group_rows, jnp.int32)
-  slot_ok = group_rows >= 0  # [N, G]
-  rows = jnp.maximum(group_rows, 0)
-
-  def gather(x, r, cols, fill):
-    """x[r, cols] with cols past L -> fill: r int[...] broadcasting against cols int[..., W]."""
-    return jnp.where(cols < L, x[r, jnp.minimum(cols, L - 1)], fill)
-
-  t = jnp.arange(Lp, dtype=jnp.int32)
-  prefix_tokens = gather(tokens, rows[:, :1], t[None, :], 0)  # [N, Lp]
-  cols = plen[:, None, None] + jnp.arange(Ls, dtype=jnp.int32)  # [N, 1, Ls]
-  suffix_tokens = gather(tokens, rows[..., None], cols, 0)  # [N, G, Ls]
-  suffix_mask = gather(mask, rows[..., None], cols, False) & slot_ok[..., None]
-  prefix_mask = None
-  if split.prefix_reported if prefix_logprobs is None else prefix_logprobs:  # a prefix position is reported if any row of the group asks for it
-    in_group = gather(mask, rows[..., None], t[None, None, :], False) & slot_ok[..., None]  # [N, G, Lp]
-    prefix_mask = in_group.any(1)
   pre_lp, suf_lp = grouped_sequence_logprobs(graphdef, params, prefix_tokens, plen, suffix_tokens, suffix_mask,
                                              prefix_mask=prefix_mask, temperature=temperature,
                                              chunk_size=chunk_size)

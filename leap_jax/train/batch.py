@@ -14,6 +14,21 @@ def round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
+def bucket(n: int, floor: int = 1) -> int:
+  """The smallest size >= n of the form floor * 2^k or floor * 3 * 2^(k-1): floor, 2 floor, 3 floor, 4 floor,
+  6 floor, 8 floor, 12 floor, ...
+
+  Learner shapes are drawn from this ladder, so a run compiles O(log n) distinct steps; for n > 2 floor the
+  rounding adds less than a third of the rounded size (and at most floor below that).
+  """
+  if floor < 1:
+    raise ValueError(f"bucket floor must be >= 1, got {floor}")
+  q = 1  # size = floor * q, q on the ladder 1, 2, 3, 4, 6, 8, 12, ...
+  while floor * q < n:
+    q = q + 1 if q < 3 else (q * 3 // 2 if q & (q - 1) == 0 else q * 4 // 3)
+  return floor * q
+
+
 @flax.struct.dataclass
 class TrainBatch:
   """One batch of episodes, each a single token sequence (all turns concatenated).
@@ -25,6 +40,8 @@ class TrainBatch:
     advantages: f32[B, L] advantage of each token (its turn's advantage on policy tokens).
     old_logprobs: f32[B, L] log pi_sampler(token_t | tokens_<t) recorded by the sampler.
     ref_logprobs: f32[B, L] or None, log-probs of a frozen reference, when precomputed.
+    group_ids: int32[B] or None, the group of each row (rows of a group start with the same prompt; -1 for
+      padding rows). With them the learner can run each group's shared prompt once (`learner.shared_prefix`).
   """
   tokens: jax.Array
   input_mask: jax.Array
@@ -32,6 +49,7 @@ class TrainBatch:
   advantages: jax.Array
   old_logprobs: jax.Array
   ref_logprobs: Optional[jax.Array] = None
+  group_ids: Optional[jax.Array] = None
 
   @property
   def batch_size(self) -> int:
@@ -52,6 +70,10 @@ class TrainBatch:
     for name in ("input_mask", "policy_mask"):
       if getattr(self, name).dtype != jnp.bool_:
         raise ValueError(f"TrainBatch.{name} must be bool, got {getattr(self, name).dtype}")
+    if self.group_ids is not None and (self.group_ids.shape != self.tokens.shape[:1]
+                                       or not jnp.issubdtype(self.group_ids.dtype, jnp.integer)):
+      raise ValueError(f"TrainBatch.group_ids must be integer [B={self.tokens.shape[0]}], got "
+                       f"{self.group_ids.dtype}{list(self.group_ids.shape)}")
     return self
 
 
@@ -62,6 +84,7 @@ def batch_from_numpy(
     old_logprobs: np.ndarray,
     input_mask: Optional[np.ndarray] = None,
     ref_logprobs: Optional[np.ndarray] = None,
+    group_ids: Optional[np.ndarray] = None,
 ) -> TrainBatch:
   """Builds a validated host-side TrainBatch with canonical dtypes (int32 / bool / float32)."""
   tokens = np.asarray(tokens, np.int32)
@@ -74,4 +97,5 @@ def batch_from_numpy(
       advantages=np.asarray(advantages, np.float32),
       old_logprobs=np.asarray(old_logprobs, np.float32),
       ref_logprobs=None if ref_logprobs is None else np.asarray(ref_logprobs, np.float32),
+      group_ids=None if group_ids is None else np.asarray(group_ids, np.int32),
   ).validate()

@@ -6,24 +6,25 @@ import numpy as np
 from leap_jax.metrics import rollout_stats
 from leap_jax.rollout.harness import STATUS_NAMES, RolloutBatch
 from leap_jax.sampling.episode import stack_episodes
-from leap_jax.train.batch import TrainBatch, batch_from_numpy, round_up
+from leap_jax.train.batch import TrainBatch, batch_from_numpy, bucket, round_up
 
 
 def to_train_batch(batch: RolloutBatch, advantages: np.ndarray, *, pad_id: int = 0, row_multiple: int = 1,
-                   length_multiple: int = 64, drop_zero_advantage: bool = False) -> TrainBatch:
+                   length_multiple: int = 16, drop_zero_advantage: bool = False) -> TrainBatch:
   """One row per token record (an episode, or an episode turn under the "latest" context policy).
 
   Each policy token carries the advantage of the turn that produced it, a[p, g, turn]; tokens of
-  invalid trajectories, of prompts and of feedback are not trained (policy_mask False). Rows are
-  padded to a multiple of `row_multiple` with empty rows and lengths to a multiple of
-  `length_multiple`, so that steps of similar size share one compiled train step.
+  invalid trajectories, of prompts and of feedback are not trained (policy_mask False). A row's group id
+  is its task p (the rows of a task start with the same prompt). Rows are padded to a multiple of
+  `row_multiple` with empty rows (group -1) and lengths to `bucket(longest, length_multiple)`, so that steps
+  of similar size share one compiled train step.
 
   Args:
     batch: the rollout, P tasks x G episodes x T turns.
     advantages: float32[P,G,T].
     pad_id: token id of padding.
     row_multiple: rows are padded to a multiple of this (minibatches x microbatches x data shards).
-    length_multiple: lengths are padded to a multiple of this.
+    length_multiple: the floor of the length ladder (`batch.bucket`).
     drop_zero_advantage: leave out records whose trained tokens all have advantage 0 (e.g. every
       sample of an all-pass or all-fail group under a zero-sum reward). Without a KL term they add no
       gradient, only tokens to the normaliser and compute (DAPO's dynamic sampling filters the same
@@ -49,7 +50,7 @@ def to_train_batch(batch: RolloutBatch, advantages: np.ndarray, *, pad_id: int =
   if not records:
     return _empty_batch(max(row_multiple, 1), length_multiple, pad_id)
   longest = max(1, max(len(r) for r in records))
-  arrays = stack_episodes(records, length=round_up(longest, length_multiple), pad_id=pad_id)
+  arrays = stack_episodes(records, length=bucket(longest, length_multiple), pad_id=pad_id)
   owners = np.asarray(owners)
   p, g = np.divmod(owners, G)
   turns = np.clip(arrays["turns"] + np.asarray(first_turns)[:, None], 0, T - 1)  # padding is not trained
@@ -66,7 +67,8 @@ def to_train_batch(batch: RolloutBatch, advantages: np.ndarray, *, pad_id: int =
       input_mask=pad_rows(arrays["input_mask"], False),
       policy_mask=pad_rows(policy, False),
       advantages=pad_rows(np.where(policy, token_adv, 0.0).astype(np.float32), 0.0),
-      old_logprobs=pad_rows(arrays["sampler_logprobs"], 0.0))
+      old_logprobs=pad_rows(arrays["sampler_logprobs"], 0.0),
+      group_ids=pad_rows(p.astype(np.int32), -1))
 
 
 def _empty_batch(rows: int, length: int, pad_id: int) -> TrainBatch:

@@ -2,6 +2,7 @@
 the evaluator, the mesh and rollouts."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -13,6 +14,7 @@ import numpy as np
 from flax import nnx
 
 import kernels_eval
+from kernels_eval.kernelbench.tasks import load_tasks as kernelbench_load
 from leap_jax.models import ModelConfig, Transformer
 from leap_jax.models import pretrained
 from leap_jax.models import sharding as model_sharding
@@ -24,7 +26,7 @@ from leap_jax.sampling import ChatFormat, Sampler
 from leap_jax.train import optim
 from leap_jax.train.batch import round_up
 from leap_jax.train.config import DcpConfig, EvaluatorConfig, MeshConfig, ModelSpec, TasksConfig, TrainConfig
-from leap_jax.train.learner import Learner, LearnerConfig, model_logprob_fn
+from leap_jax.train.learner import Learner, row_multiple
 
 
 def load_tokenizer_from(source: str):
@@ -113,8 +115,28 @@ def select_tasks(lang: str, levels: Sequence[int], split: str, ids: Sequence[str
   return tasks
 
 
+def kernelbench_tasks(tasks: TasksConfig, split: str, evaluator=None,
+                      echo=print) -> list[kernels_eval.Task]:
+  """The problems of the KernelBench clone `tasks.kernelbench_dir` at `tasks.levels` (only `tasks.ids` when
+  given) in `split` (by id hash: `kernels_eval.kernelbench.problems.split_of`), each described by its
+  reference in the sandbox (`evaluator`, else a transient one); problems that do not load are echoed."""
+  with contextlib.ExitStack() as stack:
+    if evaluator is None:
+      evaluator = stack.enter_context(kernels_eval.Evaluator())
+    loaded, skipped = kernelbench_load(tasks.kernelbench_dir, evaluator, levels=tasks.levels, ids=tasks.ids,
+                                       split=split, tolerance=tasks.kernelbench_tolerance)
+  for where, why in skipped.items():
+    echo(f"KernelBench: skipped {where}: {why[:300]}")
+  if not loaded:
+    raise ValueError(f"no KernelBench problems load from {tasks.kernelbench_dir} with split={split!r} "
+                     f"levels={tuple(tasks.levels)} ids={tuple(tasks.ids)}")
+  return loaded
+
+
 def pool_tasks(tasks: TasksConfig) -> list[kernels_eval.Task]:
-  """The RL task pool of section `tasks`."""
+  """The RL task pool of section `tasks`: KernelBench problems when `kernelbench_dir` is set."""
+  if tasks.kernelbench_dir:
+    return kernelbench_tasks(tasks, tasks.split)
   return select_tasks(tasks.lang, tasks.levels, tasks.split, tasks.ids, tasks.folder)
 
 
@@ -168,12 +190,6 @@ def sampling_weights(params: Any) -> Any:
   return jax.tree.map(jnp.asarray, multihost_utils.process_allgather(params, tiled=True))
 
 
-def row_multiple(learner: LearnerConfig, mesh) -> int:
-  """Train rows are padded to a multiple of this: minibatches x microbatches, and the data shards."""
-  shards = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
-  return int(np.lcm(learner.num_minibatches * learner.grad_accum_steps, shards))
-
-
 def dry_run(config: TrainConfig) -> dict[str, Any]:
   """Builds the model abstractly (nnx.eval_shape), the mesh, the learner state and batch shapes; allocates nothing.
 
@@ -184,7 +200,7 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
   graphdef, abstract_params = nnx.split(abstract_model)
   mesh = make_mesh(config.mesh)
   specs = model_sharding.partition_specs(abstract_params, mesh) if mesh is not None else None
-  learner = Learner(model_logprob_fn(graphdef), optim.make_optimizer(config.optim), config.learner, mesh=mesh)
+  learner = Learner.for_model(graphdef, optim.make_optimizer(config.optim), config.learner, mesh=mesh)
   state = learner.abstract_state(abstract_params, specs)
   multiple = row_multiple(config.learner, mesh)
   rows = round_up(config.rollout.num_problems * config.rollout.group_size, multiple)

@@ -13,7 +13,7 @@ from leap_jax.rollout import methods as methods_lib
 from leap_jax.train import optim
 from leap_jax.train.build import Policy, Rollouts
 from leap_jax.train.checkpoint import Checkpointer
-from leap_jax.train.learner import Learner, LearnerConfig, model_logprob_fn
+from leap_jax.train.learner import Learner, LearnerConfig
 
 # Step numbers that key the sampler and the evaluator outside training steps (never reached by RL).
 PRECHECK_STEP = 1 << 30
@@ -49,7 +49,8 @@ def heldout_accuracy(rollouts: Rollouts, policy: Policy, evaluator, tasks: Seque
   """Acc@1..Acc@T: one trajectory per problem, every unsolved trajectory gets all T turns (no pruning).
 
   Acc@t = mean over problems of 1[solved at some turn <= t]. Returns {"Acc@t", "solved_by_turn": {id: turn or
-  None}, "generated_rows", "seconds"}.
+  None}, "speedup_at_solve": {id: speedup of the first passing turn, None where untimed or unsolved},
+  "generated_rows", "seconds"}.
   """
   rollout = rollouts.make(policy, evaluator, methods_lib.get_method("leap_no_dcp"), sampler,
                           num_problems=len(tasks), group_size=1, num_turns=num_turns, temperature=temperature)
@@ -58,6 +59,9 @@ def heldout_accuracy(rollouts: Rollouts, policy: Policy, evaluator, tasks: Seque
   out: dict[str, Any] = {f"Acc@{t + 1}": float(solved_by[:, t].mean()) for t in range(num_turns)}
   out["solved_by_turn"] = {tid: int(np.argmax(row)) + 1 if row.any() else None
                            for tid, row in zip(batch.task_ids, solved_by)}
+  speedup = batch.speedup[:, 0, :]  # [P, T]
+  out["speedup_at_solve"] = {tid: float(speedup[p, turn - 1]) if turn and np.isfinite(speedup[p, turn - 1]) else None
+                             for p, (tid, turn) in enumerate(out["solved_by_turn"].items())}
   out["generated_rows"] = batch.counters["generated_rows"]
   out["seconds"] = batch.timings["generate"] + batch.timings["evaluate"]
   return out
@@ -70,7 +74,7 @@ def latest_params(policy: Policy, workdir: str | os.PathLike, optim_config: opti
   The optimiser and learner configs give the checkpoint's state structure (the run's own sections)."""
   if not (pathlib.Path(workdir) / "checkpoints").is_dir():
     return policy.params, 0
-  learner = Learner(model_logprob_fn(policy.graphdef), optim.make_optimizer(optim_config), learner_config)
+  learner = Learner.for_model(policy.graphdef, optim.make_optimizer(optim_config), learner_config)
   checkpointer = Checkpointer(workdir, every=1, keep=1, async_save=False)
   try:
     restored = checkpointer.restore_latest(learner.abstract_state(policy.params))

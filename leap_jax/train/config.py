@@ -114,12 +114,18 @@ class TasksConfig:
   split: str = "train"
   ids: tuple[str, ...] = ()
   folder: str = ""
+  kernelbench_dir: str = ""  # a local KernelBench clone: levels, ids and split then select its problems
+  kernelbench_tolerance: float = 1e-2
 
   def __post_init__(self):
     if self.lang not in LANGS:
       raise ValueError(f"tasks.lang {self.lang!r} is not one of {LANGS}")
     if not self.levels:
       raise ValueError("tasks.levels is empty")
+    if self.kernelbench_dir and self.folder:
+      raise ValueError("tasks.kernelbench_dir and tasks.folder are both set; choose one task source")
+    if not 0 < self.kernelbench_tolerance < 1:
+      raise ValueError(f"tasks.kernelbench_tolerance {self.kernelbench_tolerance} must be in (0, 1)")
 
 
 @dataclasses.dataclass(frozen=True)

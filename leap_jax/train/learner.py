@@ -16,7 +16,11 @@ own log-probs at the start of the batch and each token is weighted by min(pi_old
 
 The step is functional: parameters are an `nnx.State` (or any pytree) and the model enters only
 through `logprob_fn(params, tokens[B, L], input_mask[B, L]) -> f32[B, L]`, the log-prob of token t
-given tokens < t at the sampling temperature (`model_logprob_fn(graphdef)` for the policy Transformer).
+given tokens < t at the sampling temperature (`model_logprob_fn(graphdef)` for the policy Transformer),
+and, for batches with group ids under `shared_prefix`, through
+`group_logprob_fn(params, prefix_tokens[U, Lp], prefix_len[U], tokens[U, R, Ls], mask[U, R, Ls])
+-> f32[U, R, Ls]`, the same log-probs with each unit's shared prompt run once (`leap_jax.train.grouping`).
+The loss is a sum over policy tokens, so both layouts give the same loss and gradients.
 """
 from __future__ import annotations
 
@@ -27,16 +31,20 @@ from typing import Any, Callable, Optional
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from leap_jax.metrics.compile_time import compile_seconds
 from leap_jax.sampling.logprobs import sequence_logprobs
-from leap_jax.train import objectives
+from leap_jax.sampling.shared_prefix import grouped_sequence_logprobs
+from leap_jax.train import grouping, objectives
 from leap_jax.train import sharding as sharding_lib
 from leap_jax.train.batch import TrainBatch
 
 LogProbFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
+GroupLogProbFn = Callable[[Any, jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
 
 
 def model_logprob_fn(graphdef: nnx.GraphDef, *, temperature: float = 1.0,
@@ -51,6 +59,18 @@ def model_logprob_fn(graphdef: nnx.GraphDef, *, temperature: float = 1.0,
 
 def _model_logprobs(graphdef, temperature, chunk_size, params, tokens, input_mask):
   return sequence_logprobs(graphdef, params, tokens, input_mask, temperature=temperature, chunk_size=chunk_size)
+
+
+def model_group_logprob_fn(graphdef: nnx.GraphDef, *, temperature: float = 1.0,
+                           chunk_size: Optional[int] = 256) -> GroupLogProbFn:
+  """`group_logprob_fn(params, prefix_tokens[U, Lp], prefix_len[U], tokens[U, R, Ls], mask[U, R, Ls])
+  -> f32[U, R, Ls]` for a `Transformer` graphdef: `grouped_sequence_logprobs`' suffix log-probs."""
+  return functools.partial(_model_group_logprobs, graphdef, temperature, chunk_size)
+
+
+def _model_group_logprobs(graphdef, temperature, chunk_size, params, prefix_tokens, prefix_len, tokens, mask):
+  return grouped_sequence_logprobs(graphdef, params, prefix_tokens, prefix_len, tokens, mask,
+                                   temperature=temperature, chunk_size=chunk_size)[1]
 
 
 @flax.struct.dataclass
@@ -82,6 +102,7 @@ class LearnerConfig:
   aggregation: str = "token_mean"
   norm_length: int = 0
   shuffle: bool = True
+  shared_prefix: bool = True
   ref_dtype: str = ""
   drop_zero_advantage: bool = False
 
@@ -98,10 +119,20 @@ class LearnerConfig:
                        f"{self.tis_cap}, {self.kl_beta}, {self.norm_length}")
     if self.aggregation not in objectives.AGGREGATIONS:
       raise ValueError(f"learner aggregation {self.aggregation!r} not in {objectives.AGGREGATIONS}")
+    if self.aggregation == "constant" and self.norm_length == 0:
+      raise ValueError("learner aggregation 'constant' needs learner.norm_length > 0, the per-episode token budget "
+                       "(a batch's padded length would make the loss scale depend on padding)")
 
   @property
   def updates_per_step(self) -> int:
     return self.mu * self.num_minibatches
+
+
+def row_multiple(config: LearnerConfig, mesh: Optional[Mesh]) -> int:
+  """A batch's rows (or shared-prefix units) come in a multiple of this: minibatches x microbatches x the data
+  shards of the mesh (every microbatch splits over the shards)."""
+  shards = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+  return config.num_minibatches * config.grad_accum_steps * shards
 
 
 def _strided_split(x: jax.Array, parts: int) -> jax.Array:
@@ -117,11 +148,11 @@ def _strided_merge(x: jax.Array) -> jax.Array:
   return jnp.swapaxes(x, 0, 1).reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
 
 
-# Per-token arrays the inner loop slices into minibatches and microbatches.
+# Per-token arrays the inner loop slices into minibatches and microbatches: [B, L] rows, or [U, R, Ls] units
+# with their prefixes (`inputs` are the log-prob function's arguments after params).
 @flax.struct.dataclass
 class _Tokens:
-  tokens: jax.Array
-  input_mask: jax.Array
+  inputs: tuple[jax.Array, ...]
   policy_mask: jax.Array
   advantages: jax.Array
   old_logprobs: jax.Array
@@ -129,26 +160,41 @@ class _Tokens:
   is_weight: jax.Array
   ref_logprobs: Optional[jax.Array]  # None when kl_beta == 0
   divisor: jax.Array
+  grouped: bool = flax.struct.field(pytree_node=False, default=False)
 
 
 class Learner:
   """Builds the train state and runs jitted, buffer-donating train steps.
 
   Usage:
-    learner = Learner(logprob_fn, make_optimizer(OptimConfig(...)), LearnerConfig(...), mesh=mesh)
+    learner = Learner.for_model(graphdef, make_optimizer(OptimConfig(...)), LearnerConfig(...), mesh=mesh)
     state = learner.init_state(params, seed, param_specs)
     ref = learner.reference_params(params, param_specs)   # only when kl_beta > 0 (else pass None)
     state, metrics = learner.step(state, batch, ref)      # metrics: dict of float
+
+  A host batch with group ids runs in the shared-prefix layout when `config.shared_prefix` (and a
+  `group_logprob_fn` is given); otherwise, and for batches already on devices, row by row.
   """
 
   def __init__(self, logprob_fn: LogProbFn, optimizer: optax.GradientTransformation, config: LearnerConfig, *,
-               mesh: Optional[Mesh] = None, lr_schedule: Optional[optax.Schedule] = None):
+               mesh: Optional[Mesh] = None, lr_schedule: Optional[optax.Schedule] = None,
+               group_logprob_fn: Optional[GroupLogProbFn] = None):
     self.logprob_fn = logprob_fn
+    self.group_logprob_fn = group_logprob_fn
     self.optimizer = optimizer
     self.config = config
     self.mesh = mesh
     self.lr_schedule = lr_schedule
     self._jitted = None
+
+  @classmethod
+  def for_model(cls, graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, config: LearnerConfig, *,
+                temperature: float = 1.0, chunk_size: Optional[int] = 256, mesh: Optional[Mesh] = None,
+                lr_schedule: Optional[optax.Schedule] = None) -> "Learner":
+    """The learner of a `Transformer` graphdef, with both the per-row and the shared-prefix log-probs."""
+    return cls(model_logprob_fn(graphdef, temperature=temperature, chunk_size=chunk_size), optimizer, config,
+               mesh=mesh, lr_schedule=lr_schedule,
+               group_logprob_fn=model_group_logprob_fn(graphdef, temperature=temperature, chunk_size=chunk_size))
 
   def state_shardings(self, params: Any, param_specs: Any = None) -> Any:
     """NamedShardings of the TrainState for `params` (arrays or ShapeDtypeStructs); None without a mesh."""
@@ -189,19 +235,38 @@ class Learner:
   def step(self, state: TrainState, batch: TrainBatch, ref_params: Any = None) -> tuple[TrainState, dict[str, float]]:
     """One train step on `batch`; `state` is donated (do not reuse it). Returns (new_state, metrics).
 
-    `batch` holds host arrays (this process's rows under several processes) or already-sharded
-    global arrays. `ref_params` is needed only when kl_beta > 0 and the batch has no ref_logprobs.
+    `batch` holds host arrays (this process's rows under several processes), or already-sharded global
+    arrays of a TrainBatch (run row by row) or of a `layout`'s GroupedBatch. `ref_params` is needed only
+    when kl_beta > 0 and the batch has no ref_logprobs.
+    Besides the loss terms, metrics hold the layout's `learner/positions`, `learner/padding_share` and
+    `learner/positions_saved` (host batches), and `time/learn_compile`, seconds spent compiling the step.
     """
+    layout = {}
     if not isinstance(batch.tokens, jax.Array):
-      batch = batch.validate()
+      batch, stats = self.layout(batch.validate())
+      layout = stats.metrics()
       if self.mesh is not None:
         batch = sharding_lib.shard_batch(batch, self.mesh)
+    elif isinstance(batch, TrainBatch) and batch.group_ids is not None:
+      batch = batch.replace(group_ids=None)
     if self._jitted is None:
       out_state = jax.tree.map(lambda x: x.sharding, state) if self.mesh is not None else None
       out_metrics = NamedSharding(self.mesh, P()) if self.mesh is not None else None
       self._jitted = jax.jit(self._train_step, donate_argnums=0, out_shardings=(out_state, out_metrics))
+    compiling = compile_seconds()
     new_state, metrics = self._jitted(state, batch, ref_params)
-    return new_state, {k: float(v) for k, v in jax.device_get(metrics).items()}
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    metrics.update(layout, **{"time/learn_compile": compile_seconds() - compiling})
+    return new_state, metrics
+
+  def layout(self, batch: TrainBatch) -> tuple[Any, grouping.LayoutStats]:
+    """The host batch as the step will run it: `GroupedBatch` units when `shared_prefix` and the batch has group
+    ids, else its rows; with the layout's token counts."""
+    if not self.config.shared_prefix or batch.group_ids is None:
+      return batch.replace(group_ids=None), grouping.LayoutStats.of_rows(batch)
+    if self.group_logprob_fn is None:
+      raise ValueError("learner.shared_prefix with a grouped batch needs a group_logprob_fn (Learner.for_model)")
+    return grouping.group_batch(batch, row_multiple(self.config, self.mesh), _largest_over_processes)
 
   def _constrain(self, tree):
     if self.mesh is None:
@@ -210,7 +275,7 @@ class Learner:
 
   def _train_step(self, state: TrainState, batch: TrainBatch, ref_params: Any):
     cfg = self.config
-    size = batch.tokens.shape[0]
+    size = batch.policy_mask.shape[0]
     minibatch = self._minibatch_size(size)
     data = self._token_data(state, batch, ref_params, minibatch // cfg.grad_accum_steps)
     rng, shuffle_rng = jax.random.split(state.rng)
@@ -225,7 +290,8 @@ class Learner:
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state, rng=rng), metrics
 
   def _minibatch_size(self, size: int) -> int:
-    """Episodes per minibatch; the batch must split into minibatches x microbatches, each over the data shards."""
+    """Rows (or units) per minibatch; the batch must split into minibatches x microbatches, each over the data
+    shards."""
     cfg = self.config
     if size % (cfg.num_minibatches * cfg.grad_accum_steps):
       raise ValueError(f"batch of {size} episodes does not split into num_minibatches={cfg.num_minibatches} x "
@@ -238,14 +304,19 @@ class Learner:
                          f"{shards} data x fsdp shards of the mesh")
     return minibatch
 
-  def _token_data(self, state: TrainState, batch: TrainBatch, ref_params: Any, micro: int) -> _Tokens:
-    """The per-token inputs of the loss [B, L]: old log-probs (the sampler's, or the learner's own at batch start
-    with truncated importance weights), importance weights and the reference's log-probs when kl_beta > 0."""
+  def _token_data(self, state: TrainState, batch: TrainBatch | grouping.GroupedBatch, ref_params: Any,
+                  micro: int) -> _Tokens:
+    """The per-token inputs of the loss ([B, L] or [U, R, Ls]): old log-probs (the sampler's, or the learner's own
+    at batch start with truncated importance weights), importance weights and the reference's log-probs when
+    kl_beta > 0."""
     cfg = self.config
     policy_mask = batch.policy_mask
+    grouped = isinstance(batch, grouping.GroupedBatch)
+    inputs = ((batch.prefix_tokens, batch.prefix_len, batch.tokens, policy_mask) if grouped
+              else (batch.tokens, batch.input_mask))
     sampler_lp = jnp.where(policy_mask, batch.old_logprobs, 0.0).astype(jnp.float32)
     if cfg.tis_cap > 0:
-      old_lp = self._frozen_logprobs(state.params, batch, micro)
+      old_lp = self._frozen_logprobs(state.params, inputs, grouped, policy_mask, micro)
       is_weight = objectives.truncated_is_weight(old_lp, sampler_lp, cfg.tis_cap)
     else:
       old_lp, is_weight = sampler_lp, jnp.ones_like(sampler_lp)
@@ -254,15 +325,15 @@ class Learner:
       if batch.ref_logprobs is not None:
         ref_lp = batch.ref_logprobs
       elif ref_params is not None:
-        ref_lp = self._frozen_logprobs(ref_params, batch, micro)
+        ref_lp = self._frozen_logprobs(ref_params, inputs, grouped, policy_mask, micro)
       else:
         raise ValueError("kl_beta > 0 needs TrainBatch.ref_logprobs or ref_params for the reference forward")
       ref_lp = jnp.where(policy_mask, ref_lp, 0.0).astype(jnp.float32)
     return _Tokens(
-        tokens=batch.tokens, input_mask=batch.input_mask, policy_mask=policy_mask,
+        inputs=inputs, policy_mask=policy_mask,
         advantages=jnp.where(policy_mask, batch.advantages, 0.0).astype(jnp.float32),
         old_logprobs=old_lp, sampler_logprobs=sampler_lp, is_weight=is_weight, ref_logprobs=ref_lp,
-        divisor=jnp.ones_like(sampler_lp))
+        divisor=jnp.ones_like(sampler_lp), grouped=grouped)
 
   def _update(self, data: _Tokens, carry, idx):
     """One optimiser update on minibatch `idx` (int[minibatch]): gradients summed in f32 over its microbatches."""
@@ -270,7 +341,9 @@ class Learner:
     params, opt_state = carry
     mb = self._constrain(jax.tree.map(lambda x: jnp.take(x, idx, axis=0), data))
     norm = None if cfg.norm_length == 0 else cfg.norm_length
-    mb = mb.replace(divisor=objectives.aggregation_denominators(mb.policy_mask, cfg.aggregation, norm))
+    rows = mb.policy_mask.reshape(-1, mb.policy_mask.shape[-1])  # units' slots are rows
+    divisor = objectives.aggregation_denominators(rows, cfg.aggregation, norm)
+    mb = mb.replace(divisor=divisor.reshape(mb.policy_mask.shape))
     micro_data = jax.tree.map(lambda x: _strided_split(x, cfg.grad_accum_steps), mb)
 
     def accumulate(grads, m):
@@ -289,7 +362,7 @@ class Learner:
     """Minibatch-normalised loss of one microbatch and its metric sums (see the module docstring)."""
     cfg = self.config
     mask = m.policy_mask.astype(jnp.float32)
-    logp = self.logprob_fn(params, m.tokens, m.input_mask).astype(jnp.float32)
+    logp = self._logprobs(params, m.inputs, m.grouped).astype(jnp.float32)
     logp = jnp.where(m.policy_mask, logp, 0.0)
     pg, clipped = objectives.clipped_surrogate(logp, m.old_logprobs, m.advantages, cfg.eps_low, cfg.eps_high)
     per_token = m.is_weight * pg
@@ -316,13 +389,17 @@ class Learner:
     })
     return loss, sums
 
-  def _frozen_logprobs(self, params, batch: TrainBatch, rows: int) -> jax.Array:
-    """Stop-gradient log-probs f32[B, L] on policy tokens (0 elsewhere), `rows` episodes per forward."""
-    chunks = jax.tree.map(lambda x: _strided_split(x, batch.tokens.shape[0] // rows),
-                          (batch.tokens, batch.input_mask))
-    lp = jax.lax.map(lambda c: self.logprob_fn(params, *self._constrain(c)), chunks)  # [n, rows, L]
+  def _logprobs(self, params, inputs: tuple[jax.Array, ...], grouped: bool) -> jax.Array:
+    return (self.group_logprob_fn if grouped else self.logprob_fn)(params, *inputs)
+
+  def _frozen_logprobs(self, params, inputs: tuple[jax.Array, ...], grouped: bool, policy_mask: jax.Array,
+                       rows: int) -> jax.Array:
+    """Stop-gradient log-probs (shaped like policy_mask) on policy tokens, 0 elsewhere; `rows` rows or units per
+    forward."""
+    chunks = jax.tree.map(lambda x: _strided_split(x, policy_mask.shape[0] // rows), inputs)
+    lp = jax.lax.map(lambda c: self._logprobs(params, self._constrain(c), grouped), chunks)  # [n, rows, ...]
     lp = _strided_merge(lp).astype(jnp.float32)
-    return jax.lax.stop_gradient(jnp.where(batch.policy_mask, lp, 0.0))
+    return jax.lax.stop_gradient(jnp.where(policy_mask, lp, 0.0))
 
   def _metrics(self, per_update: dict[str, jax.Array], step: jax.Array) -> dict[str, jax.Array]:
     """Step metrics from per-update sums [U]: token means averaged over updates.
@@ -353,3 +430,11 @@ class Learner:
     if self.lr_schedule is not None:
       out["learning_rate"] = self.lr_schedule((step + 1) * self.config.updates_per_step - 1)
     return {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
+
+
+def _largest_over_processes(shape: grouping.Shape) -> grouping.Shape:
+  """The elementwise largest layout shape over processes (every process runs the same compiled step)."""
+  if jax.process_count() == 1:
+    return shape
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  return tuple(int(x) for x in np.max(multihost_utils.process_allgather(np.asarray(shape)), axis=0))

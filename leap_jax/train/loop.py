@@ -15,6 +15,7 @@ from typing import Any, Callable
 import jax
 
 from leap_jax.metrics import curves
+from leap_jax.metrics.compile_time import compile_seconds
 from leap_jax.metrics import episodes as episodes_lib
 from leap_jax.metrics import plots
 from leap_jax.metrics import writer as writer_lib
@@ -29,7 +30,7 @@ from leap_jax.train import hooks as hooks_lib
 from leap_jax.train import optim
 from leap_jax.train.checkpoint import Checkpointer
 from leap_jax.train.config import TrainConfig
-from leap_jax.train.learner import Learner, model_logprob_fn
+from leap_jax.train.learner import Learner, row_multiple
 from leap_jax.train.preemption import StopRequest
 from leap_jax.train.run_record import write_run_record
 
@@ -138,8 +139,9 @@ def setup(config: TrainConfig, evaluator, policy_sampler, echo) -> Run:
   h = config.heldout
   rollouts = build.Rollouts.of(config)
   temperature = effective_temperature(config.rollout.temperature)
-  learner = Learner(model_logprob_fn(policy.graphdef, temperature=temperature), optim.make_optimizer(config.optim),
-                    config.learner, mesh=mesh, lr_schedule=optim.learning_rate_schedule(config.optim))
+  learner = Learner.for_model(policy.graphdef, optim.make_optimizer(config.optim), config.learner,
+                              temperature=temperature, mesh=mesh,
+                              lr_schedule=optim.learning_rate_schedule(config.optim))
   specs = model_sharding.partition_specs(policy.params, mesh) if mesh is not None else None
   # The KL reference is the starting policy (the SFT model when enabled), also when resuming.
   ref_params = (learner.reference_params(policy.params, specs, config.learner.ref_dtype or None)
@@ -152,7 +154,7 @@ def setup(config: TrainConfig, evaluator, policy_sampler, echo) -> Run:
   policy.params = None
   return Run(config, policy, evaluator, sampler, tasks, build.select_tasks(config.tasks.lang, h.levels, h.split),
              pool, rollouts, method, learner, checkpointer, state, ref_params, int(state.step),
-             build.row_multiple(config.learner, mesh), echo)
+             row_multiple(config.learner, mesh), echo)
 
 
 def restore_or_init(config: TrainConfig, learner: Learner, checkpointer: Checkpointer, pool: TaskPool,
@@ -204,7 +206,7 @@ def run_steps(run: Run, hooks: hooks_lib.Hooks) -> bool:
   config = run.config
   with StopRequest() as stop:
     for step in range(run.first_step, config.steps):
-      t0 = time.perf_counter()
+      t0, compiled = time.perf_counter(), compile_seconds()
       tasks = build.process_slice(run.pool.draw(config.rollout.num_problems))
       batch = run.rollouts.make(run.policy, run.evaluator, run.method, run.sampler).run(
           build.sampling_weights(run.state.params), tasks, step)
@@ -217,7 +219,8 @@ def run_steps(run: Run, hooks: hooks_lib.Hooks) -> bool:
       t2 = time.perf_counter()
       metrics = batching.rollout_metrics(batch, credit.advantages, credit.reward)
       metrics.update(learn_metrics)
-      metrics.update({"time/learn": t2 - t1, "time/step": t2 - t0, "train/rows": float(train_batch.batch_size),
+      metrics.update({"time/learn": t2 - t1 - learn_metrics["time/learn_compile"], "time/step": t2 - t0,
+                      "time/compile": compile_seconds() - compiled, "train/rows": float(train_batch.batch_size),
                       "train/length": float(train_batch.tokens.shape[1])})
       run.cost = curves.add_step_cost(run.cost, metrics)
       metrics.update(run.cost)
@@ -269,7 +272,7 @@ def progress_line(info: hooks_lib.StepInfo, steps: int, num_turns: int) -> str:
           f"rows {m['cost/generated_rows']:.0f} tokens {m['cost/generated_tokens']:.0f} "
           f"evals {m['cost/evaluator_calls']:.0f} loss {m['loss']:.4f} clip {m['clip_fraction']:.3f} "
           f"kl {m['approx_kl']:.2e} gen {m['time/generate']:.0f}s eval {m['time/evaluate']:.0f}s "
-          f"learn {m['time/learn']:.0f}s")
+          f"learn {m['time/learn']:.0f}s compile {m['time/compile']:.0f}s")
 
 
 def latest_policy(config: TrainConfig) -> tuple[build.Policy, int]:

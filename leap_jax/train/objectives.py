@@ -80,8 +80,11 @@ def aggregation_denominators(policy_mask: jax.Array, mode: str, norm_length: int
   their gradients gives exactly the minibatch gradient.
 
     token_mean:    d = sum_{i,t} mask_it                 (every policy token weighs the same)
-    sequence_mean: d = B * sum_t mask_it                 (GRPO: mean over tokens, then episodes)
-    constant:      d = B * norm_length                   (Dr. GRPO arXiv 2503.20783: no length bias)
+    sequence_mean: d = B' * sum_t mask_it                (GRPO: mean over tokens, then episodes)
+    constant:      d = B' * norm_length                  (Dr. GRPO arXiv 2503.20783: no length bias)
+
+  with B' the rows that have a policy token: padding rows (added for the mesh or the microbatches, or the
+  empty slots of the shared-prefix layout) do not dilute the loss.
 
   Args:
     policy_mask: bool[B, L].
@@ -92,7 +95,8 @@ def aggregation_denominators(policy_mask: jax.Array, mode: str, norm_length: int
     f32[B, L] positive divisors.
   """
   mask = policy_mask.astype(jnp.float32)
-  batch, length = mask.shape
+  length = mask.shape[1]
+  batch = jnp.maximum(jnp.sum(mask.max(axis=1)), 1.0)
   if mode == "token_mean":
     d = jnp.maximum(mask.sum(), 1.0) * jnp.ones_like(mask)
   elif mode == "sequence_mean":
@@ -101,7 +105,7 @@ def aggregation_denominators(policy_mask: jax.Array, mode: str, norm_length: int
     norm = length if norm_length is None else norm_length
     if norm <= 0:
       raise ValueError(f"norm_length must be > 0 for aggregation 'constant', got {norm}")
-    d = jnp.full_like(mask, float(batch * norm))
+    d = batch * float(norm) * jnp.ones_like(mask)
   else:
     raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {AGGREGATIONS}")
   return d

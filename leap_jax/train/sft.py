@@ -36,10 +36,11 @@ from leap_jax.models.hf_io import save_hf_checkpoint
 from leap_jax.rollout import prompts
 from leap_jax.sampling import ChatFormat
 from leap_jax.sampling.logprobs import sequence_logprobs, token_logprobs
+from leap_jax.sampling.shared_prefix import PrefixSplit, pad_split, shared_prefix_logprobs, split_shared_prefix
 from leap_jax.train import build
 from leap_jax.train import checks
 from leap_jax.train import optim
-from leap_jax.train.batch import round_up
+from leap_jax.train.batch import bucket, round_up
 from leap_jax.train.config import SftConfig, TrainConfig
 
 
@@ -63,7 +64,8 @@ def make_example(task_id: str, prompt_ids: Sequence[int], reply_text: str, token
 
 
 def pack(examples: Sequence[SFTExample], length_multiple: int = 32, pad_id: int = 0) -> dict[str, np.ndarray]:
-  """Right-pads examples into tokens int32[B, L] and loss_mask bool[B, L] (True on reply tokens)."""
+  """Right-pads examples into tokens int32[B, L] and loss_mask bool[B, L] (True on reply tokens), with
+  group_ids int32[B] equal for the examples that share a prompt."""
   if not examples:
     raise ValueError("pack needs at least one example")
   length = round_up(max(len(e) for e in examples), length_multiple)
@@ -74,7 +76,17 @@ def pack(examples: Sequence[SFTExample], length_multiple: int = 32, pad_id: int 
     n, k = len(e), len(e.prompt)
     tokens[i, :n] = e.prompt + e.reply
     loss_mask[i, k:n] = True
-  return {"tokens": tokens, "loss_mask": loss_mask}
+  prompts_seen: dict[tuple[int, ...], int] = {}
+  group_ids = np.array([prompts_seen.setdefault(e.prompt, len(prompts_seen)) for e in examples], np.int32)
+  return {"tokens": tokens, "loss_mask": loss_mask, "group_ids": group_ids}
+
+
+def prompt_split(packed: dict[str, np.ndarray]) -> PrefixSplit:
+  """The shared-prefix layout of a `pack` batch: one prefix per distinct prompt, sizes on `batch.bucket`'s
+  ladder (few compiled shapes)."""
+  split = split_shared_prefix(packed["tokens"], packed["group_ids"], packed["loss_mask"], multiple=1)
+  return pad_split(split, bucket(split.num_groups), bucket(split.group_size), bucket(split.prefix_width, 16),
+                   bucket(split.suffix_width, 16))
 
 
 def pack_split(examples: Sequence[SFTExample], length_multiple: int = 32, pad_id: int = 0
@@ -125,13 +137,17 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
                     ) -> Callable[[Any, Any, dict[str, jax.Array]], tuple[Any, Any, dict[str, jax.Array]]]:
   """Jitted (params, opt_state, batch) -> (params, opt_state, metrics) for the reply NLL above.
 
-  `batch` comes from `pack` (prompt_grad=True) or `pack_split` (prompt_grad=False).
+  `batch` comes from `pack` (prompt_grad=True; with "split", a `prompt_split` of it, each distinct prompt runs
+  once: the same loss and gradients) or `pack_split` (prompt_grad=False).
   """
 
   def loss_fn(params, batch):
     if prompt_grad:
       mask = batch["loss_mask"]
-      logp = sequence_logprobs(graphdef, params, batch["tokens"], mask, chunk_size=chunk_size)
+      if "split" in batch:
+        logp = shared_prefix_logprobs(graphdef, params, batch["tokens"], mask, batch["split"], chunk_size=chunk_size)
+      else:
+        logp = sequence_logprobs(graphdef, params, batch["tokens"], mask, chunk_size=chunk_size)
     else:
       mask = batch["target_mask"]
       logp = _reply_logprobs_truncated(graphdef, params, batch)
@@ -153,10 +169,11 @@ def make_train_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformat
 def run_sft(model: nnx.Module, examples: Sequence[SFTExample], optimizer: optax.GradientTransformation, *,
             steps: int, batch_size: int, seed: int, prompt_grad: bool = True,
             log: Callable[[int, dict[str, float]], None] | None = None,
-            length_multiple: int = 32) -> list[dict[str, float]]:
+            length_multiple: int = 32, shared_prefix: bool = True) -> list[dict[str, float]]:
   """Fine-tunes `model` in place on `examples` for `steps` updates of `batch_size` examples.
 
-  Examples are drawn without replacement from a seeded permutation, reshuffled every epoch.
+  Examples are drawn without replacement from a seeded permutation, reshuffled every epoch. With prompt_grad
+  and `shared_prefix`, examples of a batch that share a prompt run it once (`prompt_split`).
   Returns one metrics dict per step (nll, confident_tokens, grad_norm, seconds).
   """
   if steps < 1 or batch_size < 1:
@@ -176,7 +193,10 @@ def run_sft(model: nnx.Module, examples: Sequence[SFTExample], optimizer: optax.
       if not order:
         order = list(rng.permutation(len(examples)))
       picked.append(examples[order.pop()])
-    batch = {k: jnp.asarray(v) for k, v in packer(picked, length_multiple).items()}
+    packed = packer(picked, length_multiple)
+    batch = {k: jnp.asarray(v) for k, v in packed.items() if k != "group_ids"}
+    if prompt_grad and shared_prefix:
+      batch["split"] = prompt_split(packed)
     started = time.perf_counter()
     params, opt_state, metrics = train_step(params, opt_state, batch)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
