@@ -114,6 +114,9 @@ def sft() -> ml_collections.ConfigDict:
   c.levels = (0,)  # train-split tasks of these levels ...
   c.extra_ids = ("row_mean", "transpose")  # ... plus these (a few level-1 tasks) ...
   c.exclude_ids = ("clamp", "scale", "sigmoid")  # ... minus these: pool tasks the policy must generalise to
+  # Examples always come from the embedded suite (KernelBench problems have no trusted solutions), also with
+  # tasks.kernelbench_dir: Pallas solutions there; with tasks.lang = "cuda" SFT stops with an error (the suite's
+  # CUDA solutions are not KernelBench's ModelNew format): set enabled = False.
   c.steps = 6
   c.batch_size = 2
   c.prompt_grad = False  # False: truncated gradient, prompt prefilled without gradient (see train/sft.py)

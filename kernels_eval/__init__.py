@@ -4,7 +4,7 @@ Public API:
   load_tasks(folder=None) -> list[Task]           parse task files (ast only); None = the embedded suite
   render_task(task, lang) -> str                  statement, reference and the exact kernel contract
   validate_task(task, ...) -> TaskVerdict          run the reference in the sandbox, reject degenerate tasks
-  extract_code(response_text, lang) -> str         the kernel source in a model reply (NoCodeBlock if none)
+  extract_code(response_text, lang, task=None)     the kernel source in a model reply (NoCodeBlock if none)
   EvalRequest(task, source, lang, stages, request_id)
   evaluate(task, source, lang, *, stages="full", request_id=None) -> EvalResult
   Evaluator(executor="local", workers=2).evaluate_many(requests) -> list[EvalResult]; .submit(request)

@@ -12,9 +12,10 @@ sampler    `leap_jax.sampling.gpu_section.run`: tokens/s, compile times, bandwid
 learner    `leap_jax.train.gpu_section.run`: compile time, step time, tokens/s, model FLOPs utilisation, per
            episode and shared-prefix.
 kernelbench the KernelBench fixture problems (tests/fixtures/kernelbench) loaded as KernelBench tasks and
-           their right Pallas answers evaluated: on a GPU at the files' own sizes against the torch reference,
-           timed where torch sees the GPU; per problem status, speedup and flags, and fast_p over them. On a
-           CPU the same path runs at the check sizes (statuses, no times).
+           their right Pallas answers, then their ModelNew CUDA answers ("cuda"), evaluated: on a GPU at the
+           files' own sizes against the torch reference, timed where torch sees the GPU; per problem status,
+           speedup and flags, and fast_p over them. On a CPU the same path runs at the check sizes (statuses,
+           no times; the CUDA answers compile and end not_run).
 
 Every section gets a deadline (its share of what is left of `--budget-s`) and checks it before each batch;
 a batch still running at its deadline is abandoned (its unfinished jobs are reported as such). DIR/gpu_check.json
@@ -340,22 +341,35 @@ def kernelbench_answer(pid: str, which: str) -> str:
   return text
 
 
-def kernelbench_section(run: EvalRun) -> dict:
-  """The fixture problems' right Pallas answers as KernelBench tasks (see the module docstring)."""
-  with run.evaluator(run.workers) as ev:
-    tasks, skipped = kernelbench_tasks.load_tasks(str(KERNELBENCH_FIXTURES), ev)
-    requests = [evaluator_lib.EvalRequest(t, kernelbench_answer(t.id, "right"), "pallas", "full",
-                                          request_id=f"check-kernelbench-{t.id}") for t in tasks]
-    futures = [ev.submit(r) for r in requests]
-    concurrent.futures.wait(futures, timeout=max(run.left(), 0.0))
-    rows = [_result_row(rq, f.result() if f.done() else None) for rq, f in zip(requests, futures)]
+def _kernelbench_rows(ev, run: EvalRun, requests: list) -> list[dict]:
+  futures = [ev.submit(r) for r in requests]
+  concurrent.futures.wait(futures, timeout=max(run.left(), 0.0))
+  return [_result_row(rq, f.result() if f.done() else None) for rq, f in zip(requests, futures)]
+
+
+def _kernelbench_summary(tasks: list, rows: list[dict]) -> dict:
   levels = {t.id: t.level for t in tasks}
   solved = {r["task"]: 1 if r["status"] == "correct" else None for r in rows}
-  speedups = {r["task"]: r.get("speedup") for r in rows}
-  per_level = kernelbench_metrics.per_level(levels, solved, 1, speedups)
-  _print_table(["problem", "status", "speedup", "flags"],
-               [[r["task"], r["status"], _fmt(r.get("speedup")), ",".join(r.get("flags", []))] for r in rows])
-  return {"skipped": skipped, "results": rows, "per_level": {str(k): v for k, v in per_level.items()}}
+  per_level = kernelbench_metrics.per_level(levels, solved, 1, {r["task"]: r.get("speedup") for r in rows})
+  _print_table(["problem", "lang", "status", "speedup", "flags"],
+               [[r["task"], r["lang"], r["status"], _fmt(r.get("speedup")), ",".join(r.get("flags", []))]
+                for r in rows])
+  return {"results": rows, "per_level": {str(k): v for k, v in per_level.items()}}
+
+
+def kernelbench_section(run: EvalRun) -> dict:
+  """The fixture problems' right Pallas answers, then their ModelNew CUDA answers, as KernelBench tasks (see the
+  module docstring)."""
+  answers = KERNELBENCH_FIXTURES / "answers"
+  stems = {pid: case["stem"] for pid, case in json.loads((answers / "cases.json").read_text()).items()}
+  with run.evaluator(run.workers) as ev:
+    tasks, skipped = kernelbench_tasks.load_tasks(str(KERNELBENCH_FIXTURES), ev)
+    pallas = _kernelbench_rows(ev, run, [evaluator_lib.EvalRequest(
+        t, kernelbench_answer(t.id, "right"), "pallas", "full", request_id=f"check-kernelbench-{t.id}") for t in tasks])
+    cuda = _kernelbench_rows(ev, run, [evaluator_lib.EvalRequest(
+        t, (answers / f"{stems[t.id]}_cuda.py").read_text(), "cuda", "full", request_id=f"check-kernelbench-cuda-{t.id}")
+        for t in tasks])
+  return {"skipped": skipped, **_kernelbench_summary(tasks, pallas), "cuda": _kernelbench_summary(tasks, cuda)}
 
 
 def run_section(name: str, report: Report, run: EvalRun, out_dir: pathlib.Path) -> dict:

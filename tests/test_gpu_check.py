@@ -43,6 +43,7 @@ def test_dry_run_covers_every_section_without_the_missing_packages(tmp_path):
   kb = report["sections"]["kernelbench"]
   assert not kb["skipped"] and len(kb["results"]) == 6 and all(r["status"] == "correct" for r in kb["results"])
   assert kb["per_level"]["1"]["problems"] == 5 and kb["per_level"]["1"]["timed"] == 0  # nothing timed on CPU
+  assert [r["status"] for r in kb["cuda"]["results"]] == ["not_run"] * 6 and kb["cuda"]["per_level"]["2"]["timed"] == 0
   for name in ("sampler", "learner"):
     assert report["sections"][name]["status"] == "dry_run", report["sections"][name]
   assert (out / "gpu_sampler.json").exists() and (out / "gpu_learner.json").exists()

@@ -6,6 +6,7 @@ ModelNew answers (seeding, trials, frames, verdict) run against CPU torch, with 
 by the torch ops they compute: only the extension build and the kernels themselves need a GPU."""
 import json
 import pathlib
+import sys
 import types
 
 import numpy as np
@@ -246,3 +247,40 @@ def test_cuda_answers_on_gpu(loaded):
   assert all(r.infra_error is None for r in results), [r.infra_error for r in results]
   assert [r.status for r in results] == ["correct"] * len(CASES) + ["wrong_output"], [r.feedback for r in results]
   assert all(r.timing is not None and r.timing.speedup > 0 for r in results[:-1])
+
+
+def test_cpp_answer_built_by_load_inline_runs_on_cpu_torch(loaded, tmp_path):
+  """The worker's build path with CPU torch: the answer's parts built by torch's load_inline without importing
+  them, then imported, bound into ModelNew and judged (a C++-only variant of the row-mean answer: a CUDA
+  build needs a GPU host's torch)."""
+  import torch  # pylint: disable=import-outside-toplevel
+  from torch.utils import cpp_extension  # pylint: disable=import-outside-toplevel
+  ev, tasks, _ = loaded
+  source = (ANSWERS / "2_Mean_over_rows_cuda.py").read_text()
+  run, payload = _cuda_job(ev, tasks["kb1_2"], source)
+  cpp = "torch::Tensor row_mean_cuda(torch::Tensor x) { return x.sum(1) / x.size(1); }"
+  path = cuda_runner.build_extension(cpp_extension, {**payload["answer"], "cpp_source": cpp, "cuda_source": ""},
+                                     str(tmp_path / "build"))
+  assert pathlib.Path(path).is_file() and cuda_runner.EXTENSION not in sys.modules
+  frames = [{"kind": "stage", "stage": "compile"}]
+  durations = cuda_runner.judge(torch, payload, lambda: cuda_runner.import_extension(path), frames.append, "cpu")
+  verdict = _verdict(tasks["kb1_2"], run, frames + [{"kind": "done", "durations": durations}])
+  assert (verdict.status, verdict.trials_passed) == ("correct", 8), verdict.feedback
+
+
+def test_heldout_is_the_kernelbench_eval_split_and_cuda_sft_refuses(loaded):
+  from configs import smoke  # pylint: disable=import-outside-toplevel
+  from leap_jax.train import build, sft  # pylint: disable=import-outside-toplevel
+  from leap_jax.train.config import HeldoutConfig, TasksConfig, TrainConfig  # pylint: disable=import-outside-toplevel
+  ev, _, _ = loaded
+  train_ids = tuple(p.id for p in problems.find_problems(FIXTURES, split="train")[0])
+  tasks = TasksConfig(levels=(1, 2), ids=train_ids[:1], kernelbench_dir=str(FIXTURES))
+  heldout = build.heldout_tasks(tasks, HeldoutConfig(levels=(0,), split="train"), ev)
+  assert sorted(t.id for t in heldout) == sorted(p.id for p in problems.find_problems(FIXTURES, split="eval")[0])
+  assert all(t.kernelbench is not None for t in heldout)
+  embedded = build.heldout_tasks(TasksConfig(), HeldoutConfig(levels=(1,)))
+  assert embedded and all(t.kernelbench is None and t.split == "eval" and t.level == 1 for t in embedded)
+  cfg = smoke.get_config()
+  cfg.tasks.lang, cfg.tasks.kernelbench_dir, cfg.sft.enabled = "cuda", str(FIXTURES), True
+  with pytest.raises(ValueError, match=r"sft\.enabled.*tasks\.kernelbench_dir.*tasks\.lang"):
+    sft.cold_start(TrainConfig.from_dict(cfg.to_dict()))

@@ -6,6 +6,7 @@ outcomes per (task, episode, turn), so the expected rows and tokens follow from 
 The per-turn credit and truncation tests at the end use a model-free double (`ContextPolicy`).
 """
 import dataclasses
+import pathlib
 
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +15,9 @@ import pytest
 import kernels_eval
 from configs import smoke
 from kernels_eval import schema
+from kernels_eval.kernelbench import problems as kb_problems
+from kernels_eval.kernelbench import sizes as kb_sizes
+from kernels_eval.kernelbench import tasks as kb_tasks
 from leap_jax import rewards
 from leap_jax.rollout import methods
 from leap_jax.rollout import prompts
@@ -324,3 +328,39 @@ def test_a_row_truncated_at_turn_1_stays_finished(setup, name, num_turns):
     np.testing.assert_array_equal(batch.status[:2, :, 1:], NOT_GENERATED)
     assert batch.generated[0, :, 0].all() and not batch.generated[0, :, 1:].any() and not batch.generated[1].any()
     assert batch.generated[2].all() and batch.valid.all()
+
+
+class RecordingEvaluator(FailingEvaluator):
+  """FailingEvaluator that keeps the requests it was given."""
+
+  def __init__(self):
+    self.requests = []
+
+  def evaluate_many(self, requests):
+    self.requests += requests
+    return super().evaluate_many(requests)
+
+
+def test_kernelbench_cuda_tasks_take_the_python_fenced_modelnew(setup):
+  """The task, not a guess, picks the block: the same reply gives a KernelBench CUDA task its ```python ModelNew
+  file and an embedded-suite CUDA task its ```cuda block."""
+  cfg, policy, tasks, _ = setup
+  fixtures = pathlib.Path(__file__).parent / "fixtures" / "kernelbench"
+  problem = kb_problems.find_problems(fixtures, ids=("kb1_2",))[0][0]
+  check = kb_sizes.check_sizes(problem.constants)
+  described = {"inputs": [{"name": "x", "shape": [check["rows"], check["cols"]], "dtype": "float32",
+                           "torch_dtype": "float32"}], "params": [],
+               "output": {"name": "out", "shape": [check["rows"]], "dtype": "float32", "torch_dtype": "float32"}}
+  kb_task = kb_tasks.make_task(problem, described, check)
+  answer = (fixtures / "answers" / "2_Mean_over_rows_cuda.py").read_text()
+  kernel = "__global__ void k(float* y) { y[0] = 1.0f; }\n"
+  reply = f"First a sketch:\n```cuda\n{kernel}```\nThe answer:\n```python\n{answer}```"
+  reply_ids = list(policy.tokenizer.encode(reply, add_special_tokens=False)) + [policy.chat.stop_ids[0]]
+  c = cfg.copy_and_resolve_references()
+  c.tasks.lang, c.rollout.num_turns, c.rollout.max_context_len = "cuda", 1, 8192
+  evaluator = RecordingEvaluator()
+  rollout = make_rollout(c, policy, evaluator, methods.get_method("grpo_mt"), ContextPolicy(reply_ids, 8192))
+  rollout.run(policy.params, [kb_task, tasks[0]], step=0)
+  sources = {(r.task.id, r.source) for r in evaluator.requests}
+  assert sources == {(kb_task.id, answer), (tasks[0].id, kernel)}, sources
+  assert all(r.lang == "cuda" for r in evaluator.requests)

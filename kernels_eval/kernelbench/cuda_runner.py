@@ -25,6 +25,7 @@ import ast
 import importlib.util
 import os
 import statistics
+import sys
 import time
 from typing import Any, Callable
 
@@ -137,6 +138,7 @@ def run(payload: dict[str, Any], emit: Callable[[dict[str, Any]], None], tmpdir:
   on_gpu = torch.cuda.is_available()
   emit({"kind": "env", "platform": "gpu" if on_gpu else "cpu"})
   if on_gpu:
+    os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])  # venv's ninja
     cpp_extension.verify_ninja_availability()
     if cpp_extension.CUDA_HOME is None:
       raise RuntimeError("torch finds no CUDA toolkit (CUDA_HOME) to build KernelBench answers with")

@@ -25,7 +25,8 @@ from leap_jax.rollout.harness import Rollout, RolloutSettings
 from leap_jax.sampling import ChatFormat, Sampler
 from leap_jax.train import optim
 from leap_jax.train.batch import round_up
-from leap_jax.train.config import DcpConfig, EvaluatorConfig, MeshConfig, ModelSpec, TasksConfig, TrainConfig
+from leap_jax.train.config import (DcpConfig, EvaluatorConfig, HeldoutConfig, MeshConfig, ModelSpec, TasksConfig,
+                                   TrainConfig)
 from leap_jax.train.learner import Learner, row_multiple
 
 
@@ -131,6 +132,16 @@ def kernelbench_tasks(tasks: TasksConfig, split: str, evaluator=None,
     raise ValueError(f"no KernelBench problems load from {tasks.kernelbench_dir} with split={split!r} "
                      f"levels={tuple(tasks.levels)} ids={tuple(tasks.ids)}")
   return loaded
+
+
+def heldout_tasks(tasks: TasksConfig, heldout: HeldoutConfig, evaluator=None,
+                  echo=print) -> list[kernels_eval.Task]:
+  """The held-out tasks: with `tasks.kernelbench_dir`, that clone's eval split at `tasks.levels`, every id
+  (`tasks.ids` picks train problems; `heldout.split` and `heldout.levels` describe the embedded suite);
+  otherwise the embedded suite's `heldout.split` at `heldout.levels`."""
+  if tasks.kernelbench_dir:
+    return kernelbench_tasks(dataclasses.replace(tasks, ids=()), "eval", evaluator, echo)
+  return select_tasks(tasks.lang, heldout.levels, heldout.split)
 
 
 def pool_tasks(tasks: TasksConfig) -> list[kernels_eval.Task]:

@@ -152,7 +152,7 @@ def setup(config: TrainConfig, evaluator, policy_sampler, echo) -> Run:
   state = restore_or_init(config, learner, checkpointer, pool, policy.params, specs, echo)
   sampler = policy_sampler(policy) if policy_sampler is not None else None
   policy.params = None
-  return Run(config, policy, evaluator, sampler, tasks, build.select_tasks(config.tasks.lang, h.levels, h.split),
+  return Run(config, policy, evaluator, sampler, tasks, build.heldout_tasks(config.tasks, h, evaluator, echo),
              pool, rollouts, method, learner, checkpointer, state, ref_params, int(state.step),
              row_multiple(config.learner, mesh), echo)
 
@@ -290,12 +290,12 @@ def evaluate_checkpoint(config: TrainConfig, evaluator=None, echo: Callable[[str
   """
   policy, step = latest_policy(config)
   h = config.heldout
-  tasks = build.select_tasks(config.tasks.lang, h.levels, h.split)
   rollouts = build.Rollouts.of(config)
-  echo(f"held-out evaluation of step {step} on {len(tasks)} tasks, {h.num_turns} turns")
   with contextlib.ExitStack() as stack:
     if evaluator is None:
       evaluator = stack.enter_context(build.make_evaluator(config.evaluator))
+    tasks = build.heldout_tasks(config.tasks, h, evaluator, echo)
+    echo(f"held-out evaluation of step {step} on {len(tasks)} tasks, {h.num_turns} turns")
     result = checks.heldout_accuracy(rollouts, policy, evaluator, tasks, h.num_turns, h.temperature)
   result["step"] = step
   workdir = pathlib.Path(config.workdir)

@@ -233,6 +233,13 @@ def build_examples(tasks: Sequence[Any], chat, tokenizer, lang: str) -> list[SFT
           for t in tasks]
 
 
+# KernelBench problems carry no trusted solutions: SFT examples always come from the embedded suite, whose
+# CUDA solutions are this project's launch functions, not KernelBench's ModelNew answer format.
+KERNELBENCH_CUDA_SFT = ("sft.enabled with tasks.kernelbench_dir and tasks.lang='cuda': SFT examples come from the "
+                        "embedded suite, whose CUDA solutions are not in KernelBench's ModelNew answer format; set "
+                        "sft.enabled=False (RL starts from model.base) or tasks.lang='pallas'")
+
+
 def cold_start(config: TrainConfig, echo: Callable[[str], None] = print, measure: bool = False,
                evaluator=None) -> dict[str, Any]:
   """Fine-tunes `model.base` on the SFT tasks and saves a HF folder at `sft.checkpoint_dir`.
@@ -243,6 +250,8 @@ def cold_start(config: TrainConfig, echo: Callable[[str], None] = print, measure
   """
   started = time.perf_counter()
   sft, lang = config.sft, config.tasks.lang
+  if config.tasks.kernelbench_dir and lang == "cuda":
+    raise ValueError(KERNELBENCH_CUDA_SFT)
   model, tokenizer = build.load_model(config.model, config.seed)
   tasks = sft_tasks(sft, lang)
   examples = build_examples(tasks, ChatFormat(tokenizer), tokenizer, lang)
