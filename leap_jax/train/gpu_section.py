@@ -228,7 +228,6 @@ def run(out_dir: str | os.PathLike, *, deadline: float | None = None, dry_run: b
       else:
         reason = report.data[f"{layout}_first_step"].get("skipped", "first step failed")
         report.update(**{f"{layout}_steps": {"skipped": reason}})
-      del bench
   steps = [report.data[f"{layout}_steps"].get("step_s") for layout in LAYOUTS]
   if all(steps):
     report.update(shared_prefix_speedup=steps[0] / steps[1])

@@ -21,7 +21,7 @@ import flax.struct
 import jax
 import numpy as np
 
-from leap_jax.sampling.shared_prefix import split_shared_prefix
+from leap_jax.sampling.shared_prefix import PrefixSplit, split_shared_prefix
 from leap_jax.train.batch import TrainBatch, bucket, round_up
 
 LENGTH_FLOOR = 16  # Lp and Ls are on the ladder 16, 32, 48, 64, 96, 128, 192, ...
@@ -71,6 +71,15 @@ class LayoutStats:
             "learner/positions_saved": 1.0 - self.positions / max(self.row_positions, 1)}
 
 
+def ladder_shape(split: Optional[PrefixSplit], unit_multiple: int = 1) -> Shape:
+  """(U, R, Lp, Ls) of `split` raised to `batch.bucket`'s ladder, U also to a multiple of `unit_multiple`
+  (a batch without rows: the smallest shape)."""
+  need = (1, 1, 1, 1) if split is None else (split.num_groups, split.group_size, split.prefix_width,
+                                              split.suffix_width)
+  return (round_up(bucket(need[0]), unit_multiple), bucket(need[1]), bucket(need[2], LENGTH_FLOOR),
+          bucket(need[3], LENGTH_FLOOR))
+
+
 def unit_ids(group_ids: np.ndarray, unit_multiple: int) -> np.ndarray:
   """int[B] unit of each row: its group cut into chunks of R rows (in row order), with R the largest size that
   still gives at least `unit_multiple` units (or R = 1 when the rows are fewer)."""
@@ -99,14 +108,11 @@ def group_batch(batch: TrainBatch, unit_multiple: int = 1,
   policy = np.asarray(batch.policy_mask)
   rows = np.flatnonzero(policy.any(1) & (np.asarray(batch.group_ids) >= 0))
   tokens = np.asarray(batch.tokens)[rows]
+  split = None
   if rows.size:
     split = split_shared_prefix(tokens, unit_ids(np.asarray(batch.group_ids)[rows], unit_multiple),
                                 policy[rows], multiple=1)
-    need = (split.num_groups, split.group_size, split.prefix_width, split.suffix_width)
-  else:
-    split, need = None, (1, 1, 1, 1)
-  shape = (round_up(bucket(need[0]), unit_multiple), bucket(need[1]), bucket(need[2], LENGTH_FLOOR),
-           bucket(need[3], LENGTH_FLOOR))
+  shape = ladder_shape(split, unit_multiple)
   if agree is not None:
     shape = agree(shape)
   out = _gather(batch, rows, split, shape)

@@ -40,7 +40,8 @@ from leap_jax.sampling.shared_prefix import PrefixSplit, pad_split, shared_prefi
 from leap_jax.train import build
 from leap_jax.train import checks
 from leap_jax.train import optim
-from leap_jax.train.batch import bucket, round_up
+from leap_jax.train import grouping
+from leap_jax.train.batch import round_up
 from leap_jax.train.config import SftConfig, TrainConfig
 
 
@@ -85,8 +86,7 @@ def prompt_split(packed: dict[str, np.ndarray]) -> PrefixSplit:
   """The shared-prefix layout of a `pack` batch: one prefix per distinct prompt, sizes on `batch.bucket`'s
   ladder (few compiled shapes)."""
   split = split_shared_prefix(packed["tokens"], packed["group_ids"], packed["loss_mask"], multiple=1)
-  return pad_split(split, bucket(split.num_groups), bucket(split.group_size), bucket(split.prefix_width, 16),
-                   bucket(split.suffix_width, 16))
+  return pad_split(split, *grouping.ladder_shape(split))
 
 
 def pack_split(examples: Sequence[SFTExample], length_multiple: int = 32, pad_id: int = 0
