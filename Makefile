@@ -27,7 +27,7 @@ test: $(STAMP)
 QUICK_TESTS := tests/test_rewards.py tests/test_rewards_reference.py tests/test_rollout_methods.py \
 	tests/test_rollout_harness.py tests/test_learner.py tests/test_configs.py tests/test_schema.py \
 	tests/test_protocol.py tests/test_static_check.py tests/test_cuda_static.py tests/test_layers.py \
-	tests/test_hooks.py tests/test_readme.py
+	tests/test_hooks.py tests/test_readme.py tests/test_learner_shared_prefix.py
 
 test-quick: $(STAMP)
 	$(PY) -m pytest -q --durations=10 $(QUICK_TESTS)

@@ -2,6 +2,10 @@
 nothing."""
 import dataclasses
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import jax
 import pytest
@@ -180,3 +184,37 @@ def test_generator_sft_folder_must_hold_this_configs_generator(tmp_path):
   (folder / pipeline.SFT_RECORD).write_text(json.dumps({"generator": pipeline.generator_id(other.generator, 0)}))
   with pytest.raises(ValueError, match=r"shots=1.*but this config's generator is .*shots=2.*remove the folder"):
     pipeline.load_generator(cfg.generator, cfg.workdir, cfg.seed)
+
+
+def test_compile_cache_dir_follows_the_environment(tmp_path):
+  assert cli.compile_cache_dir({"JAX_COMPILATION_CACHE_DIR": "off"}) == "off"
+  assert cli.compile_cache_dir({"JAX_COMPILATION_CACHE_DIR": str(tmp_path)}) == str(tmp_path)
+  assert cli.compile_cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == str(tmp_path / "leap_jax" / "jax")
+  assert cli.compile_cache_dir({}).endswith(str(pathlib.Path(".cache", "leap_jax", "jax")))
+
+
+_CACHE_PROBE = """
+import sys
+import jax
+from launch import cli
+cli.enable_compile_cache(sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+hits = []
+jax.monitoring.register_event_listener(lambda event, **kw: hits.append(event) if event.endswith("cache_hits") else None)
+jax.jit(lambda x: (x @ x.T).sum() * 3)(jax.numpy.ones((16, 16))).block_until_ready()
+print(len(hits))
+"""
+
+
+def test_compile_cache_lets_a_second_run_skip_compiling(tmp_path):
+  """Two fresh processes with the launch commands' cache: the first compiles and writes, the second reads."""
+  cache = tmp_path / "cache"
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_PERSISTENT_CACHE")}
+  env["PYTHONPATH"] = str(pathlib.Path(__file__).resolve().parents[1])
+
+  def run() -> str:
+    return subprocess.run([sys.executable, "-c", _CACHE_PROBE, str(cache)], env=env, check=True,
+                          capture_output=True, text=True).stdout.split()[-1]
+
+  assert run() == "0" and any(cache.iterdir()), "the first run wrote nothing to the cache"
+  assert int(run()) >= 1, "the second run compiled again instead of reading the cache"

@@ -17,7 +17,7 @@ from kernels_eval import task as task_lib
 from leap_jax.sampling import ChatFormat, Sampler, SamplingParams
 from leap_jax.train import build
 from leap_jax.train.config import TrainConfig
-from leap_jax.train.learner import Learner, LearnerConfig, model_logprob_fn
+from leap_jax.train.learner import Learner, LearnerConfig
 from probe import activations
 from probe import corpus
 from probe import generator
@@ -159,8 +159,8 @@ def test_model_source_reply_depends_only_on_its_seed(toy):
 def test_grpo_steps_move_the_probe_reward(toy):
   source, checker, reward = toy["source"], toy["checker"], toy["reward"]
   optim = optax.adam(3e-3)
-  learner = Learner(model_logprob_fn(toy["graphdef"], temperature=1.0, chunk_size=None), optim,
-                    LearnerConfig(kl_beta=0.05, aggregation="sequence_mean"))
+  learner = Learner.for_model(toy["graphdef"], optim, LearnerConfig(kl_beta=0.05, aggregation="sequence_mean"),
+                              chunk_size=None)
   state = learner.init_state(jax.tree.map(jnp.array, toy["params"]), seed=0)
   eval_seeds = corpus.task_seed(1, 0), corpus.task_seed(1, 1)
 

@@ -106,8 +106,8 @@ def test_kl_to_the_frozen_starting_policy(run):
   cfg, result, _ = run
   first, second = result.history
   assert first["kl_ref"] == pytest.approx(0.0, abs=1e-7) and second["kl_ref"] > 1e-7
-  for m in result.history:
-    assert m["loss"] - m["pg_loss"] == pytest.approx(cfg.learner.kl_beta * m["kl_ref"], rel=1e-2, abs=1e-8)
+  for m in result.history:  # abs: f32 rounding of two sums of about 1 added in different orders
+    assert m["loss"] - m["pg_loss"] == pytest.approx(cfg.learner.kl_beta * m["kl_ref"], rel=1e-2, abs=2e-6)
 
 
 def test_parameters_changed_and_outputs_written(run):
