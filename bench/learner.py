@@ -1,11 +1,11 @@
 """Learner throughput on the embedded SmolLM2-135M-Instruct: per-episode vs shared-prefix vs transformers + torch.
 
 One group of G episodes: a shared prompt of P tokens, then answers of 100-300 tokens (seeded), all answer tokens
-trained. Each path runs one learner step on the same batch: ours is `Learner.step` (forward, backward through
-the remat'd layers and the Adam update, as `make train` runs it) with `learner.shared_prefix` off (every episode
-runs the prompt) and on (the prompt runs once per group); torch is transformers' forward and backward of the
-same weights on the same padded rows plus an AdamW step. Prints trained (answer) tokens per second after a
-warm-up step (compilation excluded, reported apart) and the ratios.
+trained. Each path runs one learner step on the same batch: ours is `Learner.step` (forward, backward through the
+remat'd layers and the Adam update, as `make train` runs it) with `learner.shared_prefix` off (every episode runs
+the prompt) and on (the prompt runs once per group); torch is transformers' forward and backward of the same
+weights on the same padded rows, layers checkpointed and log-probs chunked as ours are, plus an AdamW step. Prints
+trained (answer) tokens per second after a warm-up step (compilation excluded, reported apart) and the ratios.
 
   python bench/learner.py [--groups 4,8] [--prompts 700,2000] [--repeats 1] [--skip_torch]
 """
@@ -60,18 +60,29 @@ def time_ours(graphdef, params, batch, shared: bool, repeats: int) -> tuple[floa
   return float(np.median(times)), compile_s, metrics
 
 
-def time_torch(model, batch, repeats: int) -> float:
-  """Seconds per forward + backward + AdamW step of transformers on the same rows (policy-gradient surrogate)."""
+def time_torch(model, batch, repeats: int, chunk: int = 256) -> float:
+  """Seconds per forward + backward + AdamW step of transformers on the same rows (policy-gradient surrogate),
+  computed as ours is: layers checkpointed (remat full) and log-probs in chunks of `chunk` positions, each
+  chunk's logits recomputed in the backward pass (ours: `chunked_logprobs`)."""
   import torch
+  from torch.utils.checkpoint import checkpoint
   tokens = torch.as_tensor(np.asarray(batch.tokens), dtype=torch.long)
   attention = torch.as_tensor(np.asarray(batch.input_mask), dtype=torch.long)
   weight = torch.as_tensor(np.asarray(batch.advantages) * np.asarray(batch.policy_mask), dtype=torch.float32)
   optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+  model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+  def chunk_logprobs(hidden, targets):
+    return torch.log_softmax(model.lm_head(hidden).float(), -1).gather(-1, targets[..., None])[..., 0]
 
   def step():
-    logits = model(input_ids=tokens, attention_mask=attention).logits[:, :-1].float()
-    logp = torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None])[..., 0]
-    loss = -(logp * weight[:, 1:]).sum() / weight[:, 1:].ne(0).sum()
+    hidden = model.model(input_ids=tokens, attention_mask=attention).last_hidden_state[:, :-1]
+    targets, w = tokens[:, 1:], weight[:, 1:]
+    total = 0.0
+    for s in range(0, hidden.shape[1], chunk):
+      logp = checkpoint(chunk_logprobs, hidden[:, s:s + chunk], targets[:, s:s + chunk], use_reentrant=False)
+      total = total + (logp * w[:, s:s + chunk]).sum()
+    loss = -total / w.ne(0).sum()
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()

@@ -6,6 +6,7 @@ ModelNew answers (seeding, trials, frames, verdict) run against CPU torch, with 
 by the torch ops they compute: only the extension build and the kernels themselves need a GPU."""
 import json
 import pathlib
+import shutil
 import sys
 import types
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from launch import gpu_check
+from launch import kernelbench_survey
 
 from kernels_eval import compare
 from kernels_eval import evaluator as evaluator_lib
@@ -27,6 +29,7 @@ from kernels_eval.kernelbench import jobs
 from kernels_eval.kernelbench import metrics
 from kernels_eval.kernelbench import problems
 from kernels_eval.kernelbench import sizes
+from kernels_eval.kernelbench import survey
 from kernels_eval.kernelbench import tasks as kb_tasks
 
 FIXTURES = gpu_check.KERNELBENCH_FIXTURES
@@ -284,3 +287,31 @@ def test_heldout_is_the_kernelbench_eval_split_and_cuda_sft_refuses(loaded):
   cfg.tasks.lang, cfg.tasks.kernelbench_dir, cfg.sft.enabled = "cuda", str(FIXTURES), True
   with pytest.raises(ValueError, match=r"sft\.enabled.*tasks\.kernelbench_dir.*tasks\.lang"):
     sft.cold_start(TrainConfig.from_dict(cfg.to_dict()))
+
+
+def test_survey_counts_what_loads_and_names_what_does_not(loaded, tmp_path, capsys):
+  """The survey command on the fixtures plus a file that does not parse, one whose reference fails and one with
+  dropout (run in eval mode)."""
+  ev, _, _ = loaded
+  clone = tmp_path / "clone"
+  shutil.copytree(FIXTURES / "KernelBench", clone / "KernelBench")
+  level1 = clone / "KernelBench" / "level1"
+  (level1 / "7_No_inputs.py").write_text("import torch\nclass Model(torch.nn.Module):\n  pass\n")
+  broken = (level1 / "2_Mean_over_rows.py").read_text().replace("return [torch.", "return [torch.nonexistent(), torch.")
+  (level1 / "8_Broken_reference.py").write_text(broken)
+  dropout = (level1 / "2_Mean_over_rows.py").read_text().replace("super().__init__()", (
+      "super().__init__()\n        self.drop = nn.Dropout(p=0.5)")).replace(
+      "return torch.mean(x, dim=self.dim)", "return self.drop(torch.mean(x, dim=self.dim))")
+  (clone / "KernelBench" / "level2" / "9_Mean_dropout.py").write_text(dropout)
+  result = survey.survey(str(clone), ev)
+  assert result["levels"] == {1: {"files": 7, "parsed": 6, "loaded": 5, "dropout_eval": 0},
+                              2: {"files": 2, "parsed": 2, "loaded": 2, "dropout_eval": 1}}
+  assert set(result["skipped"]) == {"level1/7_No_inputs.py", "kb1_8"}
+  assert "get_inputs" in result["skipped"]["level1/7_No_inputs.py"]
+  assert "nonexistent" in result["skipped"]["kb1_8"]
+  out = tmp_path / "survey.json"
+  assert kernelbench_survey.main([str(FIXTURES), "--levels", "2", "--workers", "1", "--out", str(out)]) == 0
+  assert "| 2 | 1 | 1 | 1 | 0 |" in capsys.readouterr().out
+  assert json.loads(out.read_text())["levels"] == {"2": {"files": 1, "parsed": 1, "loaded": 1, "dropout_eval": 0}}
+  with pytest.raises(SystemExit, match="no KernelBench problem files"):
+    kernelbench_survey.main([str(tmp_path / "empty")])

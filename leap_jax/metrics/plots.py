@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after selecting the backend)
 import numpy as np  # noqa: E402
 
+from leap_jax.metrics import comparison  # noqa: E402
 from leap_jax.metrics import curves  # noqa: E402
 from leap_jax.metrics.writer import read_metrics  # noqa: E402
 
@@ -104,3 +105,30 @@ def plot_workdir(workdir: str | os.PathLike, out_dir: Optional[str] = None) -> l
       _accuracy_against_cost(curves.read_curve(workdir), at("heldout_vs_cost.png")),
   ]
   return [p for p in written if p is not None]
+
+
+def methods_against_cost(runs: dict[str, list], key: str, title: str, path: str) -> Optional[str]:
+  """`key` against each cumulative cost, one line per method (the seed mean) with its min-max band over seeds.
+
+  Args:
+    runs: method -> its seeds' curves (lists of points with "step", the `curves.COSTS` keys and `key`).
+  """
+  runs = {m: r for m, r in runs.items() if r and len(comparison.common_steps(r)) >= 2}
+  if not runs:
+    return None
+  fig, axes = plt.subplots(1, len(curves.COSTS), figsize=(13, 3.8), sharey=True)
+  for ax, cost in zip(axes, curves.COSTS):
+    for method, seeds in runs.items():
+      x = comparison.spread(seeds, cost)["mean"]
+      y = comparison.spread(seeds, key)
+      line, = ax.plot(x, y["mean"], marker=".", label=f"{method} ({len(seeds)} seeds)")
+      ax.fill_between(x, y["min"], y["max"], color=line.get_color(), alpha=0.15)
+    ax.set(xlabel=cost.split("/")[1].replace("_", " "))
+    ax.grid(alpha=0.3)
+  axes[0].set(ylabel=key)
+  axes[0].legend(fontsize=8)
+  fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
