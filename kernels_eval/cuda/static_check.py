@@ -280,16 +280,23 @@ def _check_directives(code: str, includes: frozenset[str] = ALLOWED_INCLUDES) ->
   return None
 
 
-def check_source(source: str) -> Rejection | None:
-  """Returns the first rule the source as written breaks, or None when it passes."""
+def _normalised(source: str) -> str | Rejection:
+  """The source `normalise`d for the rules, or the Rejection of an empty, oversized or unreadable source."""
   if not source.strip():
     return Rejection("empty_source", "the CUDA source is empty")
   if len(source.encode("utf-8")) > MAX_SOURCE_BYTES:
     return Rejection("source_too_large", f"the source exceeds {MAX_SOURCE_BYTES} bytes")
   try:
-    code = normalise(source)
+    return normalise(source)
   except _Refused as e:
     return e.rejection
+
+
+def check_source(source: str) -> Rejection | None:
+  """Returns the first rule the source as written breaks, or None when it passes."""
+  code = _normalised(source)
+  if isinstance(code, Rejection):
+    return code
   rejection = _check_directives(code)
   if rejection is not None:
     return rejection
@@ -303,14 +310,9 @@ def check_torch_extension_source(source: str, includes: frozenset[str]) -> Rejec
   `check_source` with `includes` allowed, no `solution` entry point required, and the `torch::`, `at::` and
   `c10::` namespaces allowed (which of their names exist is decided by compiling against the allowlisted API
   header, `kernelbench/torch_api.h`); every other library stays refused."""
-  if not source.strip():
-    return Rejection("empty_source", "the CUDA source is empty")
-  if len(source.encode("utf-8")) > MAX_SOURCE_BYTES:
-    return Rejection("source_too_large", f"the source exceeds {MAX_SOURCE_BYTES} bytes")
-  try:
-    code = normalise(source)
-  except _Refused as e:
-    return e.rejection
+  code = _normalised(source)
+  if isinstance(code, Rejection):
+    return code
   return _check_directives(code, includes) or _apply_rules(strip_literals(code), _TORCH_EXTENSION_RULES)
 
 
