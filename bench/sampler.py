@@ -2,9 +2,14 @@
 
 Both load the same GGUF file (ours through `load_pretrained`, transformers through its GGUF support), decode the
 same prompts greedily for a fixed number of new tokens (stop ids ignored) at each batch size, and are timed after
-a warm-up call (compilation excluded). Prints tokens/s of each and the ratio.
+a warm-up call (compilation excluded). Prints tokens/s of each and the ratio. Our sampler gets the cache size
+the main job gives it (`rollout.max_context_len`); a call holds and reads only the slots its positions reach.
 
-  python bench/sampler.py [--batch_sizes 1,16] [--new_tokens 256] [--repeats 1]
+  python bench/sampler.py [--batch_sizes 1,16] [--new_tokens 256] [--cache_len 3072] [--repeats 1]
+      [--samples G] [--long_prompts]
+
+`--samples G` decodes batch / G prompts G times each (one prefill per prompt, as a rollout group does);
+`--long_prompts` makes each prompt about 700 tokens, as long as a task prompt.
 """
 import argparse
 import os
@@ -31,15 +36,16 @@ QUESTIONS = [
 ]
 
 
-def prompts_for(chat: ChatFormat, batch: int) -> list[list[int]]:
-  return [chat.first_turn(QUESTIONS[i % len(QUESTIONS)]) for i in range(batch)]
+def prompts_for(chat: ChatFormat, batch: int, long: bool) -> list[list[int]]:
+  preamble = " ".join(QUESTIONS) * 4 if long else ""
+  return [chat.first_turn(preamble + QUESTIONS[i % len(QUESTIONS)]) for i in range(batch)]
 
 
-def time_ours(graphdef, state, cfg, prompts, new_tokens, repeats):
-  cache_len = bucket_length(max(len(p) for p in prompts)) + new_tokens
+def time_ours(graphdef, state, cfg, prompts, new_tokens, repeats, cache_len, samples):
   sampler = Sampler(graphdef, cfg, cache_len=cache_len, stop_ids=())
   greedy = SamplingParams(temperature=0.0)
-  run = lambda: sampler.start(state, prompts, 1, jax.random.key(0), max_new_tokens=new_tokens, sampling=greedy)
+  run = lambda: sampler.start(state, prompts, samples, jax.random.key(0), max_new_tokens=new_tokens,
+                              sampling=greedy)
   run()
   best = float("inf")
   for _ in range(repeats):
@@ -47,7 +53,7 @@ def time_ours(graphdef, state, cfg, prompts, new_tokens, repeats):
     _, outs = run()
     best = min(best, time.perf_counter() - t)
   assert all(len(c.tokens) == new_tokens for c in outs)
-  return len(prompts) * new_tokens / best, [c.tokens for c in outs]
+  return len(outs) * new_tokens / best, [c.tokens for c in outs]
 
 
 def time_transformers(model, pad_id, prompts, new_tokens, repeats):
@@ -74,6 +80,9 @@ def main():
   parser.add_argument("--batch_sizes", default="1,16")
   parser.add_argument("--new_tokens", type=int, default=256)
   parser.add_argument("--repeats", type=int, default=1)
+  parser.add_argument("--cache_len", type=int, default=3072, help="the sampler's slots per row")
+  parser.add_argument("--samples", type=int, default=1, help="completions per distinct prompt")
+  parser.add_argument("--long_prompts", action="store_true", help="prompts of about 700 tokens")
   parser.add_argument("--skip_transformers", action="store_true")
   args = parser.parse_args()
   model, tokenizer = load_pretrained("smollm2-135m-instruct")
@@ -88,13 +97,16 @@ def main():
     hf_model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                                     dtype=torch.float32).eval()
   print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPUs; "
-        f"{args.new_tokens} new tokens, greedy, compile excluded")
+        f"{args.new_tokens} new tokens, greedy, compile excluded, cache of {args.cache_len} slots")
   for batch in [int(b) for b in args.batch_sizes.split(",")]:
-    prompts = prompts_for(chat, batch)
-    ours, our_tokens = time_ours(graphdef, state, cfg, prompts, args.new_tokens, args.repeats)
+    prompts = prompts_for(chat, max(1, batch // args.samples), args.long_prompts)
+    rows = [p for p in prompts for _ in range(args.samples)]
+    cache_len = max(args.cache_len, bucket_length(max(len(p) for p in prompts)) + args.new_tokens)
+    ours, our_tokens = time_ours(graphdef, state, cfg, prompts, args.new_tokens, args.repeats, cache_len,
+                                 args.samples)
     line = f"batch {batch:3d}: leap_jax {ours:8.1f} tok/s"
     if hf_model is not None:
-      theirs, their_tokens = time_transformers(hf_model, tokenizer.pad_token_id, prompts, args.new_tokens,
+      theirs, their_tokens = time_transformers(hf_model, tokenizer.pad_token_id, rows, args.new_tokens,
                                                args.repeats)
       agree = np.mean([np.mean(np.asarray(a[:16]) == b[:16]) for a, b in zip(our_tokens, their_tokens)])
       line += (f" | transformers {theirs:8.1f} tok/s | ratio {ours / theirs:5.2f}x"

@@ -144,6 +144,7 @@ def heldout() -> ml_collections.ConfigDict:
   c.at_end = True  # run the held-out evaluation after the last step
   c.every = 2  # also before the first step and every N steps: Acc@k against cost (0: only at the end)
   c.temperature = 0.0  # greedy: the papers' Acc@k is one trajectory per problem
+  c.samples = 1  # trajectories per problem (> 1 needs temperature > 0): Acc@k averages over them
   return c
 
 

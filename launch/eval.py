@@ -25,7 +25,8 @@ from leap_jax.train import loop  # noqa: E402
 
 
 def kernelbench_eval(cfg, echo=print) -> dict:
-  """Acc@t per level and fast_p of the latest checkpoint on the KernelBench eval split."""
+  """Acc@t per level and fast_p of the latest checkpoint on the KernelBench eval split (one trajectory per
+  problem, KernelBench's protocol, whatever `heldout.samples` says)."""
   policy, step = loop.latest_policy(cfg)
   h = cfg.heldout
   with contextlib.ExitStack() as stack:

@@ -11,7 +11,7 @@ import jax
 import pytest
 from absl import flags
 
-from configs import default, h200, multihost, propel_cpu, propel_h200, smoke
+from configs import default, h200, learn_check, multihost, propel_cpu, propel_h200, smoke
 from launch import cli
 from leap_jax.rollout import methods
 from leap_jax.train import build
@@ -49,7 +49,7 @@ def test_bad_value_is_an_error_naming_the_flag():
 
 
 def test_every_config_names_a_known_method_and_default_is_leap():
-  for module in (default, smoke, h200, multihost):
+  for module in (default, smoke, h200, multihost, learn_check):
     assert module.get_config().method in methods.METHODS
   assert default.get_config().method == "leap"
 
@@ -82,7 +82,7 @@ def test_default_config_dry_run_matches_the_embedded_model():
 
 
 def test_every_config_becomes_a_typed_config():
-  for module in (default, smoke, h200, multihost):
+  for module in (default, smoke, h200, multihost, learn_check):
     assert isinstance(_typed(module.get_config()), TrainConfig)
   for module in (propel_cpu, propel_h200):
     assert isinstance(PropelConfig.from_dict(module.get_config().to_dict()), PropelConfig)
@@ -109,6 +109,8 @@ def test_sentinels_are_resolved_once():
     ("tasks.lang", "triton", "tasks.lang 'triton'"),
     ("evaluator.isolation", "none", "evaluator.isolation 'none'"),
     ("checkpoint.every", 0, "checkpoint.every and checkpoint.keep must be >= 1"),
+    ("heldout.samples", 0, r"heldout.samples must be >= 1, .* got samples 0 at temperature 0.0"),
+    ("heldout.samples", 4, r"and 1 at heldout.temperature = 0 \(greedy trajectories are identical\)"),
 ])
 def test_typed_config_rejects_bad_values_naming_the_fields(field, value, message):
   cfg = smoke.get_config()

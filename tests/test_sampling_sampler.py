@@ -124,18 +124,21 @@ def test_continue_equals_reencoding_history(tiny, sampler):
 
 
 def test_attention_window_smaller_than_the_cache(tiny):
-  """With S = 512, calls read only the slots their positions reach (32-64): same tokens as the reference."""
+  """With S = 512, calls hold and read only the slots their positions reach (32, then 64: the cache grows
+  between turns): same tokens as the reference."""
   cfg, graphdef, state = tiny
   big = Sampler(graphdef, cfg, cache_len=512, stop_ids=(STOP,), pad_id=0)
   assert big._window(32 + 12) == 64 and big._window(600) == 512
   st, first = big.start(state, PROMPTS, 1, jax.random.key(0), max_new_tokens=12, sampling=GREEDY)
+  assert st.cache["k"].shape[3] == 32  # the longest prompt (17) + 12 new tokens
   for prompt, c in zip(PROMPTS, first):
     np.testing.assert_array_equal(c.tokens, reference_greedy(graphdef, state, prompt, 12))
-  _, second = big.continue_(state, st, [2, 0], [[30, 31], [32]], jax.random.key(1), max_new_tokens=9,
+  st, second = big.continue_(state, st, [2, 0], [[30, 31], [32]], jax.random.key(1), max_new_tokens=9,
                             sampling=GREEDY)
   for c, turn in zip(second, ([30, 31], [32])):
     history = PROMPTS[c.row] + first[c.row].tokens.tolist() + turn
     np.testing.assert_array_equal(c.tokens, reference_greedy(graphdef, state, history, 9))
+  assert st.cache["k"].shape[3] == 64
 
 
 def test_cache_overflow_truncates_rows_not_the_batch(tiny):
@@ -166,9 +169,10 @@ def test_stop_ids_end_rows_and_pad(tiny):
 
 
 def test_prompt_lengths_in_one_bucket_share_a_compile(tiny):
+  """A call compiles once per bucket of its prompt length and of the slots it reaches (prompt + new tokens)."""
   cfg, graphdef, state = tiny
   s = Sampler(graphdef, cfg, cache_len=64)
-  for n in (3, 9, 16):
+  for n in (3, 9, 12):
     s.start(state, [list(range(4, 4 + n))], 2, jax.random.key(n), max_new_tokens=4, sampling=GREEDY)
   assert s._start._cache_size() == 1
   s.start(state, [list(range(4, 21))], 2, jax.random.key(0), max_new_tokens=4, sampling=GREEDY)

@@ -23,6 +23,7 @@ from leap_jax.models import pretrained
 from leap_jax.rollout import prompts
 from leap_jax.sampling import Completion, sequence_logprobs
 from leap_jax.train import build
+from leap_jax.train import checks
 from leap_jax.train import loop
 from leap_jax.train.config import TrainConfig
 
@@ -153,3 +154,17 @@ def test_final_policy_exported_and_latest_checkpoint_restored(run):
   exported, _ = pretrained.load_pretrained(pathlib.Path(cfg.workdir) / "policy", scan_layers=cfg.model.scan_layers)
   for a, b in zip(flat(nnx.state(exported)), flat(result.state.params), strict=True):
     np.testing.assert_array_equal(a, b)
+
+
+def test_heldout_accuracy_averages_over_samples(run):
+  """Two trajectories per held-out problem at temperature 1: sample 0 replays the solution (solved at turn 1),
+  sample 1 is the random policy's 8-token reply (never solved), so every Acc@t and every task's row is 1/2."""
+  cfg, _, _ = run
+  policy, _ = loop.latest_policy(cfg)
+  with build.make_evaluator(cfg.evaluator) as evaluator:
+    tasks = build.heldout_tasks(cfg.tasks, cfg.heldout, evaluator, lambda s: None)
+    result = checks.heldout_accuracy(build.Rollouts.of(cfg), policy, evaluator, tasks, cfg.heldout.num_turns,
+                                     temperature=1.0, sampler=ReplayPolicy(policy, cfg.tasks.lang, 1.0), samples=2)
+  assert result["Acc@1"] == result["Acc@2"] == 0.5
+  assert result["per_task"] == {t.id: [0.5, 0.5] for t in tasks} and "solved_by_turn" not in result
+  assert result["generated_rows"] == len(tasks) * (2 + 1)  # only the failing sample gets turn 2

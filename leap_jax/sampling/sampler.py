@@ -108,7 +108,8 @@ class Completion:
 class SamplerState:
   """A batch of episodes between turns.
 
-  cache: {"k", "v"} [N, B, K, S, d]; consumed by the next `continue_` call (its buffers are donated).
+  cache: {"k", "v"} [N, B, K, S', d] with S' <= cache_len; consumed by the next `continue_` call (its
+    buffers are donated).
   lengths: int[B] tokens each row holds (all turns).
   last_tokens: int[B] each row's last token; its key/value may not be in the cache yet.
   prompt_index: int[B] the prompt each row was sampled from.
@@ -187,6 +188,12 @@ def _last_logits(model, hidden: jax.Array, lengths: jax.Array) -> jax.Array:
   return model.logits_from_hidden(hidden[jnp.arange(hidden.shape[0]), index])
 
 
+def _grow(cache: jax.Array, slots: int) -> jax.Array:
+  """A cache [N, B, K, S, d] with at least `slots` slots (new slots zero)."""
+  extra = slots - cache.shape[3]
+  return jnp.pad(cache, [(0, 0)] * 3 + [(0, extra), (0, 0)]) if extra > 0 else cache
+
+
 def bucket_length(n: int, minimum: int = 16) -> int:
   """Smallest power of two >= max(n, minimum)."""
   return max(minimum, 1 << max(0, int(n) - 1).bit_length())
@@ -203,7 +210,8 @@ class Sampler:
   Args:
     graphdef: the model's graph definition, from `nnx.split(model)`.
     cfg: its ModelConfig.
-    cache_len: S, slots per row; size it for all turns of an episode.
+    cache_len: S, the most slots per row; size it for all turns of an episode. A call's cache holds only the
+      power-of-two bucket of slots its positions reach (attention reads no more), growing between turns.
     stop_ids: ids that end a completion (kept as its last token).
     pad_id: id written after a row's last sampled token in the output buffers.
     min_bucket: smallest prompt bucket.
@@ -221,7 +229,7 @@ class Sampler:
     self.pad_id = int(pad_id)
     self.min_bucket = int(min_bucket)
     self.cache_dtype = cache_dtype
-    self._start = jax.jit(self._start_impl, static_argnames=("num_samples", "max_new_tokens", "params"))
+    self._start = jax.jit(self._start_impl, static_argnames=("num_samples", "max_new_tokens", "params", "window"))
     self._continue = jax.jit(self._continue_impl, static_argnames=("max_new_tokens", "params", "window"),
                              donate_argnames=("cache",))
 
@@ -233,23 +241,25 @@ class Sampler:
     return dict(params=params, max_new_tokens=max_new_tokens, stop_ids=self.stop_ids,
                 cache_len=self.cache_len, pad_id=self.pad_id, attend_len=window)
 
-  def _start_impl(self, weights, prompts, lengths, done, keys, *, num_samples, max_new_tokens, params):
+  def _start_impl(self, weights, prompts, lengths, done, keys, *, num_samples, max_new_tokens, params, window):
     model = nnx.merge(self.graphdef, weights)
     P, Lp = prompts.shape
-    cache = init_cache(self.cfg, P, self.cache_len, self.cache_dtype)
+    cache = init_cache(self.cfg, P, window, self.cache_dtype)
     positions = jnp.broadcast_to(jnp.arange(Lp, dtype=jnp.int32), (P, Lp))
+    # Padding past the window writes no key (dropped); real tokens are all below it.
     out = model(prompts, positions, cache, return_logits=False, attend_len=Lp)
     logits = _last_logits(model, out.final_hidden, lengths)
     repeat = functools.partial(jnp.repeat, repeats=num_samples, axis=0)
     cache = {name: jnp.repeat(c, num_samples, axis=1) for name, c in out.cache.items()}
     last = prompts[jnp.arange(P), jnp.clip(lengths - 1, 0, Lp - 1)]
     return _decode(model, cache, repeat(logits), repeat(lengths), repeat(last), keys, done,
-                   **self._decode_kwargs(params, max_new_tokens, self._window(Lp + max_new_tokens)))
+                   **self._decode_kwargs(params, max_new_tokens, window))
 
   def _continue_impl(self, weights, cache, rows, tokens, starts, lengths, keys, *, max_new_tokens, params,
                      window):
     model = nnx.merge(self.graphdef, weights)
     R, Lp = tokens.shape
+    cache = {name: _grow(c, window) for name, c in cache.items()}
     sub = {name: jnp.take(c, rows, axis=1, mode="clip") for name, c in cache.items()}
     positions = starts[:, None] + jnp.arange(Lp, dtype=jnp.int32)[None, :]
     # Padding positions of a row may pass the window: their keys are written but no real query reads them.
@@ -294,7 +304,8 @@ class Sampler:
     done = np.repeat(true_lengths >= S, G)
     cache, new, logprobs, count, reason = self._start(
         weights, jnp.asarray(tokens), jnp.asarray(np.minimum(true_lengths, Lp)), jnp.asarray(done), keys,
-        num_samples=G, max_new_tokens=max_new_tokens, params=sampling)
+        num_samples=G, max_new_tokens=max_new_tokens, params=sampling,
+        window=self._window(int(true_lengths.max()) + max_new_tokens))
     lengths = np.repeat(true_lengths, G)
     last = np.repeat(np.array([p[-1] for p in prompts], np.int32), G)
     state = SamplerState(cache=cache, lengths=lengths, last_tokens=last, prompt_index=np.repeat(np.arange(P), G))

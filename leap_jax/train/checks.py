@@ -45,26 +45,36 @@ def turn1_pass_rate(rollouts: Rollouts, policy: Policy, evaluator, tasks: Sequen
 
 
 def heldout_accuracy(rollouts: Rollouts, policy: Policy, evaluator, tasks: Sequence[Any], num_turns: int,
-                     temperature: float, step: int = HELDOUT_STEP, sampler=None) -> dict[str, Any]:
-  """Acc@1..Acc@T: one trajectory per problem, every unsolved trajectory gets all T turns (no pruning).
+                     temperature: float, step: int = HELDOUT_STEP, sampler=None, samples: int = 1
+                     ) -> dict[str, Any]:
+  """Acc@1..Acc@T over `samples` trajectories per problem; every unsolved trajectory gets all T turns (no pruning).
 
-  Acc@t = mean over problems of 1[solved at some turn <= t]. Returns {"Acc@t", "solved_by_turn": {id: turn or
-  None}, "speedup_at_solve": {id: speedup of the first passing turn, None where untimed or unsolved},
-  "generated_rows", "seconds"}.
+  Acc@t = mean over problems and their samples of 1[solved at some turn <= t]. Returns {"Acc@t",
+  "generated_rows", "seconds"} and, with one sample (the papers' protocol), "solved_by_turn": {id: turn or None}
+  and "speedup_at_solve": {id: speedup of the first passing turn, None where untimed or unsolved}; with more,
+  "per_task": {id: [its Acc@1..Acc@T]}.
   """
   rollout = rollouts.make(policy, evaluator, methods_lib.get_method("leap_no_dcp"), sampler,
-                          num_problems=len(tasks), group_size=1, num_turns=num_turns, temperature=temperature)
+                          num_problems=len(tasks), group_size=samples, num_turns=num_turns, temperature=temperature)
   batch = rollout.run(policy.params, tasks, step=step)
-  solved_by = np.cumsum(batch.success & batch.generated, axis=-1)[:, 0, :] > 0  # [P, T]
-  out: dict[str, Any] = {f"Acc@{t + 1}": float(solved_by[:, t].mean()) for t in range(num_turns)}
-  out["solved_by_turn"] = {tid: int(np.argmax(row)) + 1 if row.any() else None
-                           for tid, row in zip(batch.task_ids, solved_by)}
-  speedup = batch.speedup[:, 0, :]  # [P, T]
-  out["speedup_at_solve"] = {tid: float(speedup[p, turn - 1]) if turn and np.isfinite(speedup[p, turn - 1]) else None
-                             for p, (tid, turn) in enumerate(out["solved_by_turn"].items())}
+  solved_by = np.cumsum(batch.success & batch.generated, axis=-1) > 0  # [P, S, T]
+  out: dict[str, Any] = {f"Acc@{t + 1}": float(solved_by[..., t].mean()) for t in range(num_turns)}
+  if samples > 1:
+    out["per_task"] = {tid: [float(a) for a in row.mean(axis=0)] for tid, row in zip(batch.task_ids, solved_by)}
+  else:
+    out.update(_first_solves(batch, solved_by[:, 0]))
   out["generated_rows"] = batch.counters["generated_rows"]
   out["seconds"] = batch.timings["generate"] + batch.timings["evaluate"]
   return out
+
+
+def _first_solves(batch, solved_by: np.ndarray) -> dict[str, Any]:
+  """{"solved_by_turn", "speedup_at_solve"} of one trajectory per problem; solved_by bool[P, T]."""
+  solved_by_turn = {tid: int(np.argmax(row)) + 1 if row.any() else None for tid, row in zip(batch.task_ids, solved_by)}
+  speedup = batch.speedup[:, 0, :]  # [P, T]
+  return {"solved_by_turn": solved_by_turn,
+          "speedup_at_solve": {tid: float(speedup[p, turn - 1]) if turn and np.isfinite(speedup[p, turn - 1])
+                               else None for p, (tid, turn) in enumerate(solved_by_turn.items())}}
 
 
 def latest_params(policy: Policy, workdir: str | os.PathLike, optim_config: optim.OptimConfig,

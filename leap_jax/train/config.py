@@ -213,11 +213,15 @@ class HeldoutConfig:
   at_end: bool = True
   every: int = 2
   temperature: float = 0.0
+  samples: int = 1
 
   def __post_init__(self):
     if self.num_turns < 1 or self.every < 0 or self.temperature < 0:
       raise ValueError(f"heldout.num_turns must be >= 1, heldout.every and heldout.temperature >= 0, got "
                        f"{self.num_turns}, {self.every}, {self.temperature}")
+    if self.samples < 1 or (self.samples > 1 and self.temperature == 0):
+      raise ValueError(f"heldout.samples must be >= 1, and 1 at heldout.temperature = 0 (greedy trajectories are "
+                       f"identical), got samples {self.samples} at temperature {self.temperature}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -92,7 +92,7 @@ class Run:
   def heldout(self, params: Any) -> dict[str, Any]:
     h = self.config.heldout
     return checks.heldout_accuracy(self.rollouts, self.with_params(params), self.evaluator, self.heldout_tasks,
-                                   h.num_turns, h.temperature, sampler=self.sampler)
+                                   h.num_turns, h.temperature, sampler=self.sampler, samples=h.samples)
 
 
 def train(config: TrainConfig, *, policy_sampler: Callable[[build.Policy], Any] | None = None,
@@ -296,7 +296,8 @@ def evaluate_checkpoint(config: TrainConfig, evaluator=None, echo: Callable[[str
       evaluator = stack.enter_context(build.make_evaluator(config.evaluator))
     tasks = build.heldout_tasks(config.tasks, h, evaluator, echo)
     echo(f"held-out evaluation of step {step} on {len(tasks)} tasks, {h.num_turns} turns")
-    result = checks.heldout_accuracy(rollouts, policy, evaluator, tasks, h.num_turns, h.temperature)
+    result = checks.heldout_accuracy(rollouts, policy, evaluator, tasks, h.num_turns, h.temperature,
+                                     samples=h.samples)
   result["step"] = step
   workdir = pathlib.Path(config.workdir)
   workdir.mkdir(parents=True, exist_ok=True)
