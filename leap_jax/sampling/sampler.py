@@ -259,7 +259,6 @@ class Sampler:
                      window):
     model = nnx.merge(self.graphdef, weights)
     R, Lp = tokens.shape
-    cache = {name: _grow(c, window) for name, c in cache.items()}
     sub = {name: jnp.take(c, rows, axis=1, mode="clip") for name, c in cache.items()}
     positions = starts[:, None] + jnp.arange(Lp, dtype=jnp.int32)[None, :]
     # Padding positions of a row may pass the window: their keys are written but no real query reads them.
@@ -360,10 +359,11 @@ class Sampler:
     index, tokens, starts, lengths = self._new_turn_prefill(state, rows, turns)
     n, R = len(rows), len(index)
     keys = keys[np.concatenate([np.arange(n), np.zeros(R - n, np.int64)])]  # padding rows reuse the first key
+    window = self._window(int((starts + lengths).max()) + max_new_tokens)
+    cache = {name: _grow(c, window) for name, c in state.cache.items()}  # outside the call: donation holds
     cache, new, logprobs, count, reason = self._continue(
-        weights, state.cache, jnp.asarray(index), jnp.asarray(tokens), jnp.asarray(starts),
-        jnp.asarray(lengths), keys, max_new_tokens=max_new_tokens, params=sampling,
-        window=self._window(int((starts + lengths).max()) + max_new_tokens))
+        weights, cache, jnp.asarray(index), jnp.asarray(tokens), jnp.asarray(starts),
+        jnp.asarray(lengths), keys, max_new_tokens=max_new_tokens, params=sampling, window=window)
     state = dataclasses.replace(state, cache=cache, lengths=state.lengths.copy(),
                                 last_tokens=state.last_tokens.copy())
     for r, turn in zip(rows, turns):
