@@ -117,6 +117,13 @@ def test_aggregation_divisors():
   assert agg("constant", 8) == pytest.approx(16 / (2 * 8))
   with pytest.raises(ValueError, match="unknown loss aggregation"):
     objectives.aggregation_denominators(mask, "mean")
+  # The same two episodes packed into one row (a shared-prefix slot), with one padding column.
+  packed = jnp.array([[1, 1, 1, 1, 1, 1, 0]], bool)
+  packed_values = jnp.array([[1.0, 3.0, 2.0, 2.0, 2.0, 6.0, 9.0]])
+  episodes = jnp.array([[4, 4, 0, 0, 0, 0, -1]])
+  for mode, n in (("token_mean", None), ("sequence_mean", None), ("constant", 8)):
+    d = objectives.aggregation_denominators(packed, mode, n, episodes=episodes)
+    assert float(jnp.sum(packed * packed_values / d)) == pytest.approx(agg(mode, n)), mode
 
 
 def test_truncated_is_weight_caps():

@@ -69,14 +69,18 @@ def test_group_batch_layout_shares_untrained_prefixes(grouped_batch):
   assert units.policy_mask.sum() == batch.policy_mask.sum()
   np.testing.assert_allclose(np.sort(units.advantages[units.policy_mask]),
                              np.sort(np.asarray(batch.advantages)[np.asarray(batch.policy_mask)]))
-  # Every kept row is its unit's prefix followed by one of its suffixes; the prefix holds no trained token.
-  rebuilt = set()
+  # Every kept row is its unit's prefix followed by one of the suffixes packed in the unit's slots (offsets
+  # 0, 1, ... each); the prefix holds no trained token; some slot holds more than one suffix.
+  rebuilt = {}
   for u in range(U):
     n = units.prefix_len[u]
     for r in range(R):
-      if units.policy_mask[u, r].any():
-        end = n + np.flatnonzero(units.policy_mask[u, r])[-1] + 1
-        rebuilt.add(tuple(np.concatenate([units.prefix_tokens[u, :n], units.tokens[u, r]])[:end]))
+      for k in set(units.segments[u, r][units.segments[u, r] >= 0]):
+        cols = units.segments[u, r] == k
+        np.testing.assert_array_equal(units.offsets[u, r][cols], np.arange(cols.sum()))
+        assert len(set(units.episodes[u, r][cols])) == 1 and units.policy_mask[u, r][cols][-1]
+        rebuilt[tuple(np.concatenate([units.prefix_tokens[u, :n], units.tokens[u, r][cols]]))] = k
+  assert len(rebuilt) == len(kept) and max(rebuilt.values()) >= 1
   for b in kept:
     end = np.flatnonzero(batch.policy_mask[b])[-1] + 1
     assert tuple(batch.tokens[b, :end]) in rebuilt
@@ -92,6 +96,12 @@ def test_groups_are_cut_into_enough_units():
   assert len(set(grouping.unit_ids(ids, 16))) == 8  # one row per unit: as many units as rows
   with pytest.raises(ValueError, match="group_ids"):
     grouping.group_batch(batch_from_numpy(np.ones((2, 4)), np.ones((2, 4)), np.zeros((2, 4)), np.zeros((2, 4))))
+
+
+def test_pack_slots_first_fit_longest_first():
+  unit = np.array([0, 0, 0, 0, 1, 1])
+  slot, column, most = grouping.pack_slots(unit, np.array([3, 7, 2, 5, 8, 8]), width=8)
+  assert slot.tolist() == [1, 0, 2, 1, 0, 1] and column.tolist() == [5, 0, 0, 0, 0, 0] and most == 3
 
 
 def _step(tiny, batch, shared: bool, mesh=None, steps=1, **overrides):

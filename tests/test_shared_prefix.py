@@ -225,3 +225,52 @@ def test_prefix_keys_are_not_copied_per_suffix():
   assert (cfg.num_layers, N, 2, Lp, 8) in shapes  # the prefix's keys, once
   copies = [s for s in shapes if Lp in s and 8 in s and (G in s or N * G in s)]
   assert not copies, copies
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_packed_slots_equal_one_suffix_per_slot(scan):
+  """Suffixes of lengths 5, 3, 7 (group 0) and 2, 6, 4 (group 1) packed two to a slot of width 8, each
+  attending to its prefix and itself only: the log-probs and gradients of one suffix per slot."""
+  cfg = tiny_config("llama", scan_layers=scan)
+  graphdef, state = model_parts(cfg, seed=3)
+  rng = np.random.default_rng(0)
+  lengths, Ls = [(5, 3, 7), (2, 6, 4)], 8
+  prefix = jnp.asarray(rng.integers(1, V, (2, 6)), jnp.int32)
+  prefix_len = jnp.array([6, 4])
+  suffixes = [[rng.integers(1, V, n) for n in group] for group in lengths]
+  alone = np.zeros((2, 3, Ls), np.int32)
+  for n, group in enumerate(suffixes):
+    for g, x in enumerate(group):
+      alone[n, g, :len(x)] = x
+  slots = [[(0, 1), (2,)], [(0, 2), (1,)]]  # suffixes per slot, in order
+  packed, segments, offsets = (np.zeros((2, 2, Ls), np.int32) for _ in range(3))
+  where = {}  # (n, g) -> (slot, first column)
+  for n, group_slots in enumerate(slots):
+    for s, members in enumerate(group_slots):
+      col = 0
+      for k, g in enumerate(members):
+        x = suffixes[n][g]
+        packed[n, s, col:col + len(x)], segments[n, s, col:col + len(x)] = x, k
+        offsets[n, s, col:col + len(x)] = np.arange(len(x))
+        where[n, g] = (s, col)
+        col += len(x)
+      segments[n, s, col:], offsets[n, s, col:] = len(members), np.arange(Ls - col)  # padding: its own segment
+  alone_mask = alone > 0
+  packed_mask = packed > 0
+  weights = np.random.default_rng(1).standard_normal((2, 3, Ls)).astype(np.float32)
+  packed_weights = np.zeros((2, 2, Ls), np.float32)
+  for (n, g), (s, col) in where.items():
+    packed_weights[n, s, col:col + lengths[n][g]] = weights[n, g, :lengths[n][g]]
+
+  def loss(state, suffix, mask, w, segments, offsets):
+    _, lp = grouped_sequence_logprobs(graphdef, state, prefix, prefix_len, suffix, mask, chunk_size=8,
+                                      suffix_segments=segments, suffix_offsets=offsets)
+    return jnp.sum(w * lp), lp
+
+  grad = jax.value_and_grad(loss, has_aux=True)
+  (want_loss, want), want_g = run_jitted(grad, state, alone, alone_mask, weights, None, None)
+  (got_loss, got), got_g = run_jitted(grad, state, packed, packed_mask, packed_weights, segments, offsets)
+  for (n, g), (s, col) in where.items():
+    np.testing.assert_allclose(got[n, s, col:col + lengths[n][g]], want[n, g, :lengths[n][g]], atol=1e-5)
+  np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, atol=1e-5)
+  assert_tree_close(got_g, want_g, rtol=1e-5, atol=1e-5)

@@ -84,8 +84,8 @@ class Attention(nnx.Module):
 
   def __call__(self, x: jax.Array, sin: jax.Array, cos: jax.Array, positions: jax.Array,
                cache: tuple[jax.Array, jax.Array, jax.Array | int] | None, attend_len: int | None = None,
-               prefix: tuple[jax.Array, jax.Array, jax.Array] | None = None, return_kv: bool = False
-               ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+               prefix: tuple[jax.Array, jax.Array, jax.Array] | None = None, return_kv: bool = False,
+               segments: jax.Array | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """[B, L, D] -> [B, L, D].
 
     Args:
@@ -97,6 +97,7 @@ class Attention(nnx.Module):
       prefix: None, or (k, v, valid) with k, v [P, K, Lp, d] and valid bool[P, Lp]: B = P * R and rows
         p*R .. p*R + R - 1 also attend to the valid keys of prefix p (no cache then).
       return_kv: without a cache, return this call's own (k, v), each [B, K, L, d], instead of None.
+      segments: None, or (no cache) int32[B, L]: a token attends only to this call's tokens of its own segment.
 
     Returns:
       The attention output and the updated (k, v), or this call's (k, v) with return_kv, or None.
@@ -124,6 +125,8 @@ class Attention(nnx.Module):
       key_positions = jnp.broadcast_to(jnp.arange(window), (B, window))
       new_cache = (k_all, v_all)
     mask = key_positions[:, None, :] <= positions[:, :, None]  # [B, L, S]
+    if segments is not None:
+      mask = mask & (segments[:, None, :] == segments[:, :, None])
     q = q.reshape(B, L, K, H // K, d)
     scores = jnp.einsum("blkgd,bksd->bkgls", q, keys, preferred_element_type=jnp.float32) * d**-0.5
     scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
@@ -170,9 +173,9 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.weight_dtype)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, sin, cos, positions, cache, attend_len=None, prefix=None, return_kv=False):
+  def __call__(self, x, sin, cos, positions, cache, attend_len=None, prefix=None, return_kv=False, segments=None):
     """[B, L, D] -> ([B, L, D], updated cache or None); arguments as in `Attention.__call__`."""
-    a, cache = self.attn(self.attn_norm(x), sin, cos, positions, cache, attend_len, prefix, return_kv)
+    a, cache = self.attn(self.attn_norm(x), sin, cos, positions, cache, attend_len, prefix, return_kv, segments)
     h = x + a
     return h + self.mlp(self.mlp_norm(h)), cache
 
@@ -208,7 +211,7 @@ class Transformer(nnx.Module):
   def __call__(self, tokens: jax.Array, positions: jax.Array, cache: Cache | None = None, *,
                hidden_layers: tuple[int, ...] = (), return_logits: bool = True,
                attend_len: int | None = None, return_kv: bool = False, prefix_kv: Cache | None = None,
-               prefix_valid: jax.Array | None = None) -> ModelOutput:
+               prefix_valid: jax.Array | None = None, segment_ids: jax.Array | None = None) -> ModelOutput:
     """Runs the decoder.
 
     Args:
@@ -228,6 +231,8 @@ class Transformer(nnx.Module):
         B must be a multiple R of P, and rows p*R .. p*R + R - 1 attend to prefix p's keys where
         `prefix_valid` (bool[P, Lp], default all) holds, then to their own tokens causally; positions should
         continue the prefix's (RoPE uses the given ones). Differentiable in both.
+      segment_ids: (no cache) int32[B, L]: several sequences packed in a row; a token attends to the tokens
+        of its own segment (causally, by position) and to the prefix, never to another segment.
 
     Returns:
       ModelOutput(logits, cache, hidden, final_hidden).
@@ -241,7 +246,10 @@ class Transformer(nnx.Module):
     hidden = jnp.zeros((len(hidden_layers),) + x.shape, dt) if hidden_layers else None
     kv = None if cache is None else (cache["k"], cache["v"])
     prefix = None if prefix_kv is None else (prefix_kv["k"], prefix_kv["v"], prefix_valid)
-    step = self._layer_step(rope_angles(cfg, positions), positions, record, attend_len, return_kv)
+    if segment_ids is not None and (cache is not None or segment_ids.shape != tokens.shape):
+      raise ValueError(f"segment_ids must be [B, L] = {tokens.shape} and come without a cache, got "
+                       f"{segment_ids.shape}{' with a cache' if cache is not None else ''}")
+    step = self._layer_step(rope_angles(cfg, positions), positions, record, attend_len, return_kv, segment_ids)
     (x, hidden, kv), layer_kvs = self._run_layers(step, (x, hidden, kv), prefix)
     kv = layer_kvs if return_kv else kv
     if hidden is not None:
@@ -251,7 +259,7 @@ class Transformer(nnx.Module):
     new_cache = None if kv is None else {"k": kv[0], "v": kv[1]}
     return ModelOutput(logits=logits, cache=new_cache, hidden=hidden, final_hidden=final_hidden)
 
-  def _layer_step(self, sin_cos, positions, record, attend_len, return_kv):
+  def _layer_step(self, sin_cos, positions, record, attend_len, return_kv, segments=None):
     """make_step(graphdef) -> step(layer_state, (x, hidden, kv), index, prefix_layer) -> (carry, layer_kv):
     one decoder layer, recording its input into `hidden` and, with return_kv, emitting its own keys/values."""
     sin, cos = sin_cos
@@ -263,7 +271,7 @@ class Transformer(nnx.Module):
           hidden = jnp.where(record == index, x[None], hidden)
         layer = nnx.merge(graphdef, layer_state)
         x, layer_kv = layer(x, sin, cos, positions, None if kv is None else (*kv, index), attend_len,
-                            prefix_layer, return_kv)
+                            prefix_layer, return_kv, segments)
         if return_kv:  # this layer's own keys/values leave as a per-layer output
           return (x, hidden, kv), layer_kv
         return (x, hidden, layer_kv), None

@@ -67,7 +67,8 @@ def _check_grouped(prefix_tokens, prefix_len, suffix_tokens, suffix_mask, prefix
 def grouped_sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prefix_tokens: jax.Array,
                               prefix_len: jax.Array, suffix_tokens: jax.Array, suffix_mask: jax.Array, *,
                               prefix_mask: Optional[jax.Array] = None, temperature: float = 1.0,
-                              chunk_size: Optional[int] = 256) -> tuple[Optional[jax.Array], jax.Array]:
+                              chunk_size: Optional[int] = 256, suffix_segments: Optional[jax.Array] = None,
+                              suffix_offsets: Optional[jax.Array] = None) -> tuple[Optional[jax.Array], jax.Array]:
   """Per-token log-probs of N groups of G sequences sharing a prefix per group; differentiable in `params`.
 
   Group n's g-th sequence is prefix_tokens[n, :prefix_len[n]] ++ suffix_tokens[n, g]; suffix token j sits at
@@ -79,6 +80,11 @@ def grouped_sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prefix_
   i.e. `sequence_logprobs` of the concatenated row (token at position 0 has no log-prob: 0). Cost: one
   forward/backward over the N * Lp prefix tokens plus N * G * Ls suffix tokens, instead of N * G * (Lp + Ls).
 
+  Packed slots: with `suffix_segments` and `suffix_offsets`, slot (n, g) holds several suffixes one after
+  another; token j belongs to suffix suffix_segments[n, g, j] and sits at position prefix_len[n] +
+  suffix_offsets[n, g, j] (offset 0 starts a suffix). It attends to the prefix and to its own suffix only, so
+  each suffix gets the log-probs it would get alone in a slot, and short suffixes share a slot's width.
+
   Args:
     graphdef, params: the model, as from `nnx.split(model)` (any scan_layers / remat / GQA / bias config).
     prefix_tokens: int32[N, Lp] right-padded prefixes (entries past prefix_len[n] are ignored).
@@ -89,6 +95,7 @@ def grouped_sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prefix_
       output-layer work when no prefix token is trained).
     temperature: tau (0, greedy, counts as 1).
     chunk_size: positions per output-layer chunk; None: all at once.
+    suffix_segments, suffix_offsets: int32[N, G, Ls] each, or None (one suffix per slot, offsets 0..Ls-1).
 
   Returns:
     (prefix_logprobs f32[N, Lp] or None, suffix_logprobs f32[N, G, Ls]), 0 where not reported.
@@ -104,16 +111,25 @@ def grouped_sequence_logprobs(graphdef: nnx.GraphDef, params: nnx.State, prefix_
   pre = model(prefix_tokens.astype(jnp.int32), jnp.broadcast_to(t, (N, Lp)), return_logits=False, return_kv=True)
   valid = t[None, :] < prefix_len[:, None]  # [N, Lp]
 
-  # 2. The N * G suffixes at their true positions, attending to their group's valid prefix keys.
-  suffix_pos = jnp.broadcast_to(prefix_len[:, None, None] + jnp.arange(Ls, dtype=jnp.int32), (N, G, Ls))
+  # 2. The N * G slots at their true positions, attending to their group's valid prefix keys.
+  if (suffix_segments is None) != (suffix_offsets is None):
+    raise ValueError("suffix_segments and suffix_offsets come together")
+  packed = suffix_segments is not None
+  if packed and not suffix_segments.shape == suffix_offsets.shape == suffix_tokens.shape:
+    raise ValueError(f"suffix_segments and suffix_offsets must be [N, G, Ls] = {suffix_tokens.shape}, got "
+                     f"{suffix_segments.shape} and {suffix_offsets.shape}")
+  offsets = (suffix_offsets.astype(jnp.int32) if packed
+             else jnp.broadcast_to(jnp.arange(Ls, dtype=jnp.int32), (N, G, Ls)))
+  suffix_pos = prefix_len[:, None, None] + offsets
   suf = model(suffix_tokens.reshape(N * G, Ls).astype(jnp.int32), suffix_pos.reshape(N * G, Ls),
-              return_logits=False, prefix_kv=pre.cache, prefix_valid=valid)
+              return_logits=False, prefix_kv=pre.cache, prefix_valid=valid,
+              segment_ids=suffix_segments.reshape(N * G, Ls).astype(jnp.int32) if packed else None)
   hidden = suf.final_hidden.reshape(N, G, Ls, -1)
 
-  # 3. Suffix token j is predicted from the state before it: the prefix's last state for j = 0.
+  # 3. A suffix token is predicted from the state before it: the prefix's last state at offset 0.
   last = jnp.take_along_axis(pre.final_hidden, jnp.maximum(prefix_len - 1, 0)[:, None, None], axis=1)
-  last = jnp.broadcast_to(last[:, None], (N, G, 1, hidden.shape[-1]))
-  before = jnp.concatenate([last, hidden[:, :, :-1]], axis=2).reshape(N * G, Ls, -1)
+  shifted = jnp.concatenate([jnp.zeros_like(hidden[:, :, :1]), hidden[:, :, :-1]], axis=2)
+  before = jnp.where((offsets == 0)[..., None], last[:, None], shifted).reshape(N * G, Ls, -1)
   suffix_lp = _chunked_logprobs(model, before, suffix_tokens.reshape(N * G, Ls).astype(jnp.int32),
                                 temperature, chunk_size).reshape(N, G, Ls)
   suffix_lp = jnp.where(suffix_mask.astype(bool) & (suffix_pos > 0), suffix_lp, 0.0)

@@ -73,7 +73,8 @@ def truncated_is_weight(learner_logprobs: jax.Array, sampler_logprobs: jax.Array
   return jax.lax.stop_gradient(weight)
 
 
-def aggregation_denominators(policy_mask: jax.Array, mode: str, norm_length: int | None = None) -> jax.Array:
+def aggregation_denominators(policy_mask: jax.Array, mode: str, norm_length: int | None = None,
+                             episodes: jax.Array | None = None) -> jax.Array:
   """Per-token divisor d[B, L] so that the aggregated loss is sum_{i,t} mask_it * loss_it / d_it.
 
   Computed once over a whole minibatch, so that splitting it into microbatches and summing
@@ -83,24 +84,34 @@ def aggregation_denominators(policy_mask: jax.Array, mode: str, norm_length: int
     sequence_mean: d = B' * sum_t mask_it                (GRPO: mean over tokens, then episodes)
     constant:      d = B' * norm_length                  (Dr. GRPO arXiv 2503.20783: no length bias)
 
-  with B' the rows that have a policy token: padding rows (added for the mesh or the microbatches, or the
-  empty slots of the shared-prefix layout) do not dilute the loss.
+  with i the episodes and B' those that have a policy token: padding rows (added for the mesh or the
+  microbatches, or the empty slots of the shared-prefix layout) do not dilute the loss.
 
   Args:
     policy_mask: bool[B, L].
     mode: one of AGGREGATIONS.
     norm_length: constant per-episode token budget for mode "constant"; defaults to L.
+    episodes: int32[B, L] the episode of each token (ids below B * L, any order) when a row holds several
+      (packed shared-prefix slots); None: each row is one episode.
 
   Returns:
     f32[B, L] positive divisors.
   """
   mask = policy_mask.astype(jnp.float32)
   length = mask.shape[1]
-  batch = jnp.maximum(jnp.sum(mask.max(axis=1)), 1.0)
+  if episodes is None:
+    per_episode = jnp.broadcast_to(mask.sum(axis=1, keepdims=True), mask.shape)
+    batch = jnp.sum(mask.max(axis=1))
+  else:
+    ids = jnp.clip(episodes, 0, mask.size - 1).reshape(-1)  # padding (mask 0) may point anywhere
+    counts = jax.ops.segment_sum(mask.reshape(-1), ids, num_segments=mask.size)
+    per_episode = counts[ids].reshape(mask.shape)
+    batch = jnp.sum(counts > 0)
+  batch = jnp.maximum(batch, 1.0)
   if mode == "token_mean":
     d = jnp.maximum(mask.sum(), 1.0) * jnp.ones_like(mask)
   elif mode == "sequence_mean":
-    d = batch * jnp.maximum(mask.sum(axis=1, keepdims=True), 1.0) * jnp.ones_like(mask)
+    d = batch * jnp.maximum(per_episode, 1.0)
   elif mode == "constant":
     norm = length if norm_length is None else norm_length
     if norm <= 0:
