@@ -86,7 +86,8 @@ def prompt_split(packed: dict[str, np.ndarray]) -> PrefixSplit:
   """The shared-prefix layout of a `pack` batch: one prefix per distinct prompt, sizes on `batch.bucket`'s
   ladder (few compiled shapes)."""
   split = split_shared_prefix(packed["tokens"], packed["group_ids"], packed["loss_mask"], multiple=1)
-  return pad_split(split, *grouping.ladder_shape(split))
+  return pad_split(split, *grouping.ladder_shape((split.num_groups, split.group_size, split.prefix_width,
+                                                  split.suffix_width)))
 
 
 def pack_split(examples: Sequence[SFTExample], length_multiple: int = 32, pad_id: int = 0
