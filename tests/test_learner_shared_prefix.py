@@ -69,18 +69,22 @@ def test_group_batch_layout_shares_untrained_prefixes(grouped_batch):
   assert units.policy_mask.sum() == batch.policy_mask.sum()
   np.testing.assert_allclose(np.sort(units.advantages[units.policy_mask]),
                              np.sort(np.asarray(batch.advantages)[np.asarray(batch.policy_mask)]))
-  # Every kept row is its unit's prefix followed by one of the suffixes packed in the unit's slots (offsets
-  # 0, 1, ... each); the prefix holds no trained token; some slot holds more than one suffix.
-  rebuilt = {}
+  # Every kept row is its unit's prefix followed by one of the suffixes packed in the unit's slots (contiguous,
+  # named by where they start, offsets 0, 1, ...); the prefix holds no trained token; some slot holds two.
+  rebuilt, shared_slot = {}, False
   for u in range(U):
     n = units.prefix_len[u]
     for r in range(R):
-      for k in set(units.segments[u, r][units.segments[u, r] >= 0]):
-        cols = units.segments[u, r] == k
+      ids = set(units.episodes[u, r][units.episodes[u, r] >= 0])
+      shared_slot |= len(ids) > 1
+      for e in ids:
+        cols = units.episodes[u, r] == e
         np.testing.assert_array_equal(units.offsets[u, r][cols], np.arange(cols.sum()))
-        assert len(set(units.episodes[u, r][cols])) == 1 and units.policy_mask[u, r][cols][-1]
-        rebuilt[tuple(np.concatenate([units.prefix_tokens[u, :n], units.tokens[u, r][cols]]))] = k
-  assert len(rebuilt) == len(kept) and max(rebuilt.values()) >= 1
+        start = np.flatnonzero(cols)[0]
+        assert e == r * Ls + start and cols.sum() == np.flatnonzero(cols)[-1] - start + 1
+        assert units.policy_mask[u, r][cols][-1]
+        rebuilt[tuple(np.concatenate([units.prefix_tokens[u, :n], units.tokens[u, r][cols]]))] = e
+  assert len(rebuilt) == len(kept) and shared_slot
   for b in kept:
     end = np.flatnonzero(batch.policy_mask[b])[-1] + 1
     assert tuple(batch.tokens[b, :end]) in rebuilt

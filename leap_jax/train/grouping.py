@@ -5,8 +5,8 @@ untrained tokens (`leap_jax.sampling.shared_prefix.split_shared_prefix`); each r
 its last trained token. Suffixes are packed into R slots of Ls positions (Ls: the longest suffix): first fit,
 longest first, so a 3-turn episode's suffix and a few 1-turn ones share a slot's width instead of each
 padding to it. The learner runs a unit's prefix once and its slots against the prefix's keys and values, each
-suffix attending to its own tokens only (`grouped_sequence_logprobs` with segments): the same log-probs and
-gradients as the rows one by one, for
+suffix attending to its own tokens only (`grouped_sequence_logprobs` with each token's episode as its segment):
+the same log-probs and gradients as the rows one by one, for
 
   U * (Lp + R * Ls)   token positions instead of   B * L.
 
@@ -39,18 +39,18 @@ class GroupedBatch:
   prefix_tokens: int32[U, Lp] each unit's shared prefix, right-padded.
   prefix_len: int32[U] its length (0 for padding units).
   tokens: int32[U, R, Ls] the rows' suffixes (the tokens after the prefix), packed into slots, right-padded.
-  segments: int32[U, R, Ls] the suffix of each token within its slot (0, 1, ...; -1 for padding).
+  episodes: int32[U, R, Ls] the suffix each token belongs to, named by where it starts in its unit, s * Ls + c
+    for slot s and column c (-1 for padding): the segment ids of a slot's attention and, offset by the unit,
+    the episodes of the loss's aggregation.
   offsets: int32[U, R, Ls] each token's position after the prefix (0 starts a suffix).
-  episodes: int32[U, R, Ls] the batch row each token comes from (-1 for padding).
   policy_mask, advantages, old_logprobs, ref_logprobs: as in TrainBatch, on the suffix tokens [U, R, Ls]
     (a prefix holds no trained token).
   """
   prefix_tokens: jax.Array
   prefix_len: jax.Array
   tokens: jax.Array
-  segments: jax.Array
-  offsets: jax.Array
   episodes: jax.Array
+  offsets: jax.Array
   policy_mask: jax.Array
   advantages: jax.Array
   old_logprobs: jax.Array
@@ -170,8 +170,8 @@ def _gather(batch: TrainBatch, rows: np.ndarray, placement, shape: Shape) -> Gro
   if batch.ref_logprobs is not None:
     per_token["ref_logprobs"] = np.float32
   out = {name: np.zeros((U, R, Ls), dtype) for name, dtype in per_token.items()}
-  layout = {name: np.full((U, R, Ls), -1, np.int32) for name in ("segments", "episodes")}
-  layout["offsets"] = np.zeros((U, R, Ls), np.int32)
+  episodes = np.full((U, R, Ls), -1, np.int32)
+  offsets = np.zeros((U, R, Ls), np.int32)
   if placement is not None:
     split, lengths, slot, column = placement
     source = {name: np.asarray(getattr(batch, name))[rows] for name in out}
@@ -182,7 +182,7 @@ def _gather(batch: TrainBatch, rows: np.ndarray, placement, shape: Shape) -> Gro
       prefix_tokens[n, :start] = source["tokens"][i, :start]
       for name in out:
         out[name][n, s, c:c + k] = source[name][i, start:start + k]
-      layout["segments"][n, s, c:c + k] = np.sum((slot[:i] == s) & (split.row_group[:i] == n))
-      layout["offsets"][n, s, c:c + k] = np.arange(k)
-      layout["episodes"][n, s, c:c + k] = i
-  return GroupedBatch(prefix_tokens=prefix_tokens, prefix_len=prefix_len, **out, **layout)
+      episodes[n, s, c:c + k] = s * Ls + c
+      offsets[n, s, c:c + k] = np.arange(k)
+  return GroupedBatch(prefix_tokens=prefix_tokens, prefix_len=prefix_len, episodes=episodes, offsets=offsets,
+                      **out)

@@ -19,7 +19,7 @@ through `logprob_fn(params, tokens[B, L], input_mask[B, L]) -> f32[B, L]`, the l
 given tokens < t at the sampling temperature (`model_logprob_fn(graphdef)` for the policy Transformer),
 and, for batches with group ids under `shared_prefix`, through
 `group_logprob_fn(params, prefix_tokens[U, Lp], prefix_len[U], tokens[U, R, Ls], mask[U, R, Ls],
-segments[U, R, Ls], offsets[U, R, Ls]) -> f32[U, R, Ls]`, the same log-probs with each unit's shared prompt run
+episodes[U, R, Ls], offsets[U, R, Ls]) -> f32[U, R, Ls]`, the same log-probs with each unit's shared prompt run
 once and its suffixes packed into slots (`leap_jax.train.grouping`).
 The loss is a sum over policy tokens, so both layouts give the same loss and gradients.
 """
@@ -65,15 +65,15 @@ def _model_logprobs(graphdef, temperature, chunk_size, params, tokens, input_mas
 def model_group_logprob_fn(graphdef: nnx.GraphDef, *, temperature: float = 1.0,
                            chunk_size: Optional[int] = 256) -> GroupLogProbFn:
   """`group_logprob_fn(params, prefix_tokens[U, Lp], prefix_len[U], tokens[U, R, Ls], mask[U, R, Ls],
-  segments[U, R, Ls], offsets[U, R, Ls]) -> f32[U, R, Ls]` for a `Transformer` graphdef:
-  `grouped_sequence_logprobs`' suffix log-probs of packed slots."""
+  episodes[U, R, Ls], offsets[U, R, Ls]) -> f32[U, R, Ls]` for a `Transformer` graphdef:
+  `grouped_sequence_logprobs`' suffix log-probs of packed slots (each episode its own segment)."""
   return functools.partial(_model_group_logprobs, graphdef, temperature, chunk_size)
 
 
 def _model_group_logprobs(graphdef, temperature, chunk_size, params, prefix_tokens, prefix_len, tokens, mask,
-                          segments, offsets):
+                          episodes, offsets):
   return grouped_sequence_logprobs(graphdef, params, prefix_tokens, prefix_len, tokens, mask,
-                                   temperature=temperature, chunk_size=chunk_size, suffix_segments=segments,
+                                   temperature=temperature, chunk_size=chunk_size, suffix_segments=episodes,
                                    suffix_offsets=offsets)[1]
 
 
@@ -163,7 +163,6 @@ class _Tokens:
   sampler_logprobs: jax.Array
   is_weight: jax.Array
   ref_logprobs: Optional[jax.Array]  # None when kl_beta == 0
-  episodes: Optional[jax.Array]  # [U, R, Ls] the episode of each token of packed slots; None for rows
   divisor: jax.Array
   grouped: bool = flax.struct.field(pytree_node=False, default=False)
 
@@ -317,7 +316,7 @@ class Learner:
     cfg = self.config
     policy_mask = batch.policy_mask
     grouped = isinstance(batch, grouping.GroupedBatch)
-    inputs = ((batch.prefix_tokens, batch.prefix_len, batch.tokens, policy_mask, batch.segments, batch.offsets)
+    inputs = ((batch.prefix_tokens, batch.prefix_len, batch.tokens, policy_mask, batch.episodes, batch.offsets)
               if grouped else (batch.tokens, batch.input_mask))
     sampler_lp = jnp.where(policy_mask, batch.old_logprobs, 0.0).astype(jnp.float32)
     if cfg.tis_cap > 0:
@@ -338,7 +337,7 @@ class Learner:
         inputs=inputs, policy_mask=policy_mask,
         advantages=jnp.where(policy_mask, batch.advantages, 0.0).astype(jnp.float32),
         old_logprobs=old_lp, sampler_logprobs=sampler_lp, is_weight=is_weight, ref_logprobs=ref_lp,
-        episodes=batch.episodes if grouped else None, divisor=jnp.ones_like(sampler_lp), grouped=grouped)
+        divisor=jnp.ones_like(sampler_lp), grouped=grouped)
 
   def _update(self, data: _Tokens, carry, idx):
     """One optimiser update on minibatch `idx` (int[minibatch]): gradients summed in f32 over its microbatches."""
@@ -347,7 +346,7 @@ class Learner:
     mb = self._constrain(jax.tree.map(lambda x: jnp.take(x, idx, axis=0), data))
     norm = None if cfg.norm_length == 0 else cfg.norm_length
     rows = mb.policy_mask.reshape(-1, mb.policy_mask.shape[-1])  # units' slots are rows
-    episodes = None if mb.episodes is None else mb.episodes.reshape(rows.shape)
+    episodes = _minibatch_episodes(mb.inputs[4]).reshape(rows.shape) if mb.grouped else None
     divisor = objectives.aggregation_denominators(rows, cfg.aggregation, norm, episodes)
     mb = mb.replace(divisor=divisor.reshape(mb.policy_mask.shape))
     micro_data = jax.tree.map(lambda x: _strided_split(x, cfg.grad_accum_steps), mb)
@@ -436,6 +435,12 @@ class Learner:
     if self.lr_schedule is not None:
       out["learning_rate"] = self.lr_schedule((step + 1) * self.config.updates_per_step - 1)
     return {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
+
+
+def _minibatch_episodes(local: jax.Array) -> jax.Array:
+  """Unit-local suffix ids [U', R, Ls] (-1 padding) -> ids unique over the minibatch's units, below U' * R * Ls."""
+  U, R, Ls = local.shape
+  return jnp.where(local >= 0, local + (jnp.arange(U, dtype=local.dtype) * R * Ls)[:, None, None], -1)
 
 
 def _largest_over_processes(shape: grouping.Shape) -> grouping.Shape:
