@@ -23,7 +23,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from leap_jax.metrics.compile_time import compile_seconds  # noqa: E402
 from leap_jax.models import embedded_gguf_path, load_pretrained  # noqa: E402
-from leap_jax.train.batch import batch_from_numpy, bucket  # noqa: E402
+from leap_jax.sampling.buckets import bucket  # noqa: E402
+from leap_jax.train.batch import batch_from_numpy  # noqa: E402
 from leap_jax.train.learner import Learner, LearnerConfig  # noqa: E402
 
 ANSWERS = (100, 300)

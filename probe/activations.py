@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from leap_jax.sampling.sampler import bucket_length
+from leap_jax.sampling.buckets import bucket_length
 
 
 POOLING = "mean"  # the masked mean of the module docstring, the only pooling; part of the cache key

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from leap_jax.rewards import grpo_advantages
-from leap_jax.sampling.sampler import bucket_length
+from leap_jax.sampling.buckets import bucket_length
 from leap_jax.train import batch as batch_lib
 from probe import corpus as corpus_lib
 from probe import diversity

@@ -10,7 +10,8 @@ from leap_jax.models import ModelConfig, Transformer
 from leap_jax.models import sharding as model_sharding
 from leap_jax.train import grouping
 from leap_jax.train import learner as learner_lib
-from leap_jax.train.batch import batch_from_numpy, bucket
+from leap_jax.sampling.buckets import bucket
+from leap_jax.train.batch import batch_from_numpy
 
 TINY = dict(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)

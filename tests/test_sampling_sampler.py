@@ -6,7 +6,8 @@ import pytest
 from flax import nnx
 
 from leap_jax.models import ModelConfig, Transformer
-from leap_jax.sampling import Sampler, SamplingParams, row_keys, sample_logits, sequence_logprobs
+from leap_jax.sampling import Sampler, SamplingParams, bucket_length, row_keys, sample_logits, sequence_logprobs
+from leap_jax.sampling.buckets import bucket
 
 GREEDY = SamplingParams(temperature=0.0)
 STOP = 3
@@ -124,11 +125,11 @@ def test_continue_equals_reencoding_history(tiny, sampler):
 
 
 def test_attention_window_smaller_than_the_cache(tiny, recwarn):
-  """With S = 512, calls hold and read only the slots their positions reach (32, then 64: the cache grows
-  between turns, before the call that consumes it): same tokens as the reference."""
+  """With S = 512, calls hold and read only the slots their positions reach, on the bucket ladder (32, then 48:
+  the cache grows between turns, before the call that consumes it): same tokens as the reference."""
   cfg, graphdef, state = tiny
   big = Sampler(graphdef, cfg, cache_len=512, stop_ids=(STOP,), pad_id=0)
-  assert big._window(32 + 12) == 64 and big._window(600) == 512
+  assert big._window(32 + 12) == 48 and big._window(700) == 512
   st, first = big.start(state, PROMPTS, 1, jax.random.key(0), max_new_tokens=12, sampling=GREEDY)
   assert st.cache["k"].shape[3] == 32  # the longest prompt (17) + 12 new tokens
   for prompt, c in zip(PROMPTS, first):
@@ -138,8 +139,20 @@ def test_attention_window_smaller_than_the_cache(tiny, recwarn):
   for c, turn in zip(second, ([30, 31], [32])):
     history = PROMPTS[c.row] + first[c.row].tokens.tolist() + turn
     np.testing.assert_array_equal(c.tokens, reference_greedy(graphdef, state, history, 9))
-  assert st.cache["k"].shape[3] == 64
+  assert st.cache["k"].shape[3] == 48
   assert not [w for w in recwarn if "donated buffers were not usable" in str(w.message)]
+
+
+def test_bucket_ladders_bound_padding():
+  """The sampler's sizes run 16, 32, 48, 64, 80, ... (four per octave): a 775-token prompt pads to 896 (with
+  powers of two, 1024). The learner's ladder has two per octave. Neither pads by more than its bound."""
+  assert [bucket_length(n) for n in (1, 16, 17, 33, 65, 81, 700, 775, 900, 1025)] == [
+      16, 16, 32, 48, 80, 96, 768, 896, 1024, 1280]
+  assert [bucket_length(n, 1) for n in (1, 2, 3, 5, 7, 9, 11)] == [1, 2, 3, 5, 7, 10, 12]
+  assert [bucket(n, 16) for n in (17, 33, 49, 65, 97, 700, 769)] == [32, 48, 64, 96, 128, 768, 1024]
+  for n in range(65, 5000):
+    assert n <= bucket_length(n) and 5 * (bucket_length(n) - n) < bucket_length(n)
+    assert n <= bucket(n, 16) and 3 * (bucket(n, 16) - n) < bucket(n, 16)
 
 
 def test_cache_overflow_truncates_rows_not_the_batch(tiny):

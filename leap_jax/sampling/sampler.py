@@ -1,7 +1,7 @@
 """Batched multi-turn sampler: jitted prefill and `lax.while_loop` decode over a preallocated KV cache.
 
-Shapes: P prompts, G samples per prompt, B = P * G rows of a batch, R rows in one call (padded to a power of
-two), Lp tokens of a prompt bucket (a power of two), T = max_new_tokens, S cache slots, V vocabulary.
+Shapes: P prompts, G samples per prompt, B = P * G rows of a batch, R rows in one call and Lp tokens of a
+prompt, each padded to `buckets.bucket_length`'s ladder (16, 24, 32, 48, ..., 512, 768, 1024, ...), T = max_new_tokens, S cache slots, V vocabulary.
 Row r of a batch holds sample r % G of prompt r // G.
 
 A row holds the tokens of one episode at positions 0, 1, ...; token p's key/value sits in cache slot p. Every
@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from leap_jax.models import ModelConfig, init_cache
+from leap_jax.sampling.buckets import bucket_length
 from leap_jax.sampling.logprobs import token_logprobs
 
 FINISH_REASONS = ("stop", "length", "truncated")
@@ -194,11 +195,6 @@ def _grow(cache: jax.Array, slots: int) -> jax.Array:
   return jnp.pad(cache, [(0, 0)] * 3 + [(0, extra), (0, 0)]) if extra > 0 else cache
 
 
-def bucket_length(n: int, minimum: int = 16) -> int:
-  """Smallest power of two >= max(n, minimum)."""
-  return max(minimum, 1 << max(0, int(n) - 1).bit_length())
-
-
 class Sampler:
   """Samples all live episodes of a rollout in one batched call per turn.
 
@@ -211,7 +207,7 @@ class Sampler:
     graphdef: the model's graph definition, from `nnx.split(model)`.
     cfg: its ModelConfig.
     cache_len: S, the most slots per row; size it for all turns of an episode. A call's cache holds only the
-      power-of-two bucket of slots its positions reach (attention reads no more), growing between turns.
+      bucket of slots its positions reach (attention reads no more), growing between turns.
     stop_ids: ids that end a completion (kept as its last token).
     pad_id: id written after a row's last sampled token in the output buffers.
     min_bucket: smallest prompt bucket.
@@ -234,7 +230,7 @@ class Sampler:
                              donate_argnames=("cache",))
 
   def _window(self, end: int) -> int:
-    """Cache slots a call reads when its positions stay below `end`: a power of two, at most S."""
+    """Cache slots a call reads when its positions stay below `end`: on the bucket ladder, at most S."""
     return min(bucket_length(end, self.min_bucket), self.cache_len)
 
   def _decode_kwargs(self, params: SamplingParams, max_new_tokens: int, window: int) -> dict:

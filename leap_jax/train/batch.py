@@ -14,21 +14,6 @@ def round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
-def bucket(n: int, floor: int = 1) -> int:
-  """The smallest size >= n of the form floor * 2^k or floor * 3 * 2^(k-1): floor, 2 floor, 3 floor, 4 floor,
-  6 floor, 8 floor, 12 floor, ...
-
-  Learner shapes are drawn from this ladder, so a run compiles O(log n) distinct steps; for n > 2 floor the
-  rounding adds less than a third of the rounded size (and at most floor below that).
-  """
-  if floor < 1:
-    raise ValueError(f"bucket floor must be >= 1, got {floor}")
-  q = 1  # size = floor * q, q on the ladder 1, 2, 3, 4, 6, 8, 12, ...
-  while floor * q < n:
-    q = q + 1 if q < 3 else (q * 3 // 2 if q & (q - 1) == 0 else q * 4 // 3)
-  return floor * q
-
-
 @flax.struct.dataclass
 class TrainBatch:
   """One batch of episodes, each a single token sequence (all turns concatenated).

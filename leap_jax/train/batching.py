@@ -6,7 +6,8 @@ import numpy as np
 from leap_jax.metrics import rollout_stats
 from leap_jax.rollout.harness import STATUS_NAMES, RolloutBatch
 from leap_jax.sampling.episode import stack_episodes
-from leap_jax.train.batch import TrainBatch, batch_from_numpy, bucket, round_up
+from leap_jax.sampling.buckets import bucket
+from leap_jax.train.batch import TrainBatch, batch_from_numpy, round_up
 
 
 def to_train_batch(batch: RolloutBatch, advantages: np.ndarray, *, pad_id: int = 0, row_multiple: int = 1,
@@ -24,7 +25,7 @@ def to_train_batch(batch: RolloutBatch, advantages: np.ndarray, *, pad_id: int =
     advantages: float32[P,G,T].
     pad_id: token id of padding.
     row_multiple: rows are padded to a multiple of this (minibatches x microbatches x data shards).
-    length_multiple: the floor of the length ladder (`batch.bucket`).
+    length_multiple: the floor of the length ladder (`buckets.bucket`).
     drop_zero_advantage: leave out records whose trained tokens all have advantage 0 (e.g. every
       sample of an all-pass or all-fail group under a zero-sum reward). Without a KL term they add no
       gradient, only tokens to the normaliser and compute (DAPO's dynamic sampling filters the same

@@ -12,7 +12,7 @@ the same log-probs and gradients as the rows one by one, for
 
 Rows without a trained token (padding rows, dropped turns) are left out: they add nothing to the loss. Groups
 are cut into units of equal row counts, as large as still gives `unit_multiple` units (each minibatch and
-microbatch needs whole units). Every dimension is drawn from `batch.bucket`'s ladder (U then rounded to
+microbatch needs whole units). Every dimension is drawn from `buckets.bucket`'s ladder (U then rounded to
 `unit_multiple`), so a run compiles few distinct steps.
 """
 from __future__ import annotations
@@ -24,8 +24,9 @@ import flax.struct
 import jax
 import numpy as np
 
+from leap_jax.sampling.buckets import bucket
 from leap_jax.sampling.shared_prefix import split_shared_prefix
-from leap_jax.train.batch import TrainBatch, bucket, round_up
+from leap_jax.train.batch import TrainBatch, round_up
 
 LENGTH_FLOOR = 16  # Lp and Ls are on the ladder 16, 32, 48, 64, 96, 128, 192, ...
 
@@ -81,7 +82,7 @@ class LayoutStats:
 
 
 def ladder_shape(need: Shape, unit_multiple: int = 1) -> Shape:
-  """(U, R, Lp, Ls) raised to `batch.bucket`'s ladder, U also to a multiple of `unit_multiple`."""
+  """(U, R, Lp, Ls) raised to `buckets.bucket`'s ladder, U also to a multiple of `unit_multiple`."""
   return (round_up(bucket(need[0]), unit_multiple), bucket(need[1]), bucket(need[2], LENGTH_FLOOR),
           bucket(need[3], LENGTH_FLOOR))
 

@@ -83,7 +83,7 @@ def pack(examples: Sequence[SFTExample], length_multiple: int = 32, pad_id: int 
 
 
 def prompt_split(packed: dict[str, np.ndarray]) -> PrefixSplit:
-  """The shared-prefix layout of a `pack` batch: one prefix per distinct prompt, sizes on `batch.bucket`'s
+  """The shared-prefix layout of a `pack` batch: one prefix per distinct prompt, sizes on `buckets.bucket`'s
   ladder (few compiled shapes)."""
   split = split_shared_prefix(packed["tokens"], packed["group_ids"], packed["loss_mask"], multiple=1)
   return pad_split(split, *grouping.ladder_shape((split.num_groups, split.group_size, split.prefix_width,
