@@ -126,7 +126,7 @@ class Attention(nnx.Module):
       new_cache = (k_all, v_all)
     mask = key_positions[:, None, :] <= positions[:, :, None]  # [B, L, S]
     if L == 1 and prefix is None:
-      return self._project(_one_query_attention(q, keys, values, mask[:, 0], K), "o"), new_cache
+      return self._project(_one_query_attention(q, keys, values, mask[:, 0]), "o"), new_cache
     if segments is not None:
       mask = mask & (segments[:, None, :] == segments[:, :, None])
     q = q.reshape(B, L, K, H // K, d)
@@ -150,11 +150,12 @@ class Attention(nnx.Module):
     return self._project(out.reshape(B, L, H * d), "o"), new_cache
 
 
-def _one_query_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array, K: int) -> jax.Array:
+def _one_query_attention(q: jax.Array, keys: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
   """Attention of one query per row (a decode step), q [B, 1, H, d], keys / values [B, K, S, d], mask bool[B, S]
   -> [B, 1, H * d]: the general path's result, without its length axis of one, which costs XLA on CPU a
   transposed copy of the scores and of the output per layer (about 40% of a decode step's attention)."""
   B, _, H, d = q.shape
+  K = keys.shape[1]
   q = q.reshape(B, K, H // K, d)
   scores = jnp.einsum("bkgd,bksd->bkgs", q, keys, preferred_element_type=jnp.float32) * d**-0.5
   scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)

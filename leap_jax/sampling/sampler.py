@@ -1,7 +1,8 @@
 """Batched multi-turn sampler: jitted prefill and `lax.while_loop` decode over a preallocated KV cache.
 
 Shapes: P prompts, G samples per prompt, B = P * G rows of a batch, R rows in one call and Lp tokens of a
-prompt, each padded to `buckets.bucket_length`'s ladder (16, 24, 32, 48, ..., 512, 768, 1024, ...), T = max_new_tokens, S cache slots, V vocabulary.
+prompt, each padded to `buckets.bucket_length`'s ladder (..., 512, 640, 768, 896, 1024, 1280, ...),
+T = max_new_tokens, S cache slots, V vocabulary.
 Row r of a batch holds sample r % G of prompt r // G.
 
 A row holds the tokens of one episode at positions 0, 1, ...; token p's key/value sits in cache slot p. Every
