@@ -36,7 +36,15 @@ def test_cost_ratios_are_each_over_the_reference_and_the_interval_holds_them():
   assert out["ratio"]["grpo_mt"]["cumulative/generated_tokens"] == pytest.approx(2.0)
   assert out["ratio"]["leap"]["cumulative/seconds"] == 1.0
   assert out["interval"]["grpo_mt"]["cumulative/seconds"] == [3.0, math.inf]
-  assert 0.2 < out["reached"]["grpo_mt"] < 0.6  # each reaches 0.5 in about 60% of resamples
+  assert 0.5 < out["reached"]["grpo_mt"] < 0.75  # paired draws: both reach 0.5 in 17 of 27 equally likely ones
+
+
+def test_bootstrap_pairs_the_methods_seeds():
+  """Two methods with the same runs: seed i of each shares its start, so every paired resample gives 1x. Drawn
+  apart, a resample could pair leap's second seed (at 1.0 from step 0, cost 0) with grpo's first (10 s)."""
+  runs = [_curve([0.0, 1.0, 1.0], 10.0), _curve([1.0, 1.0, 1.0], 10.0)]
+  out = comparison.cost_ratios({"leap": runs, "grpo": list(runs)}, "leap", resamples=200)
+  assert out["interval"]["grpo"]["cumulative/seconds"] == [1.0, 1.0] and out["reached"]["grpo"] == 1.0
 
 
 def test_no_ratio_when_nothing_improved():

@@ -7,9 +7,11 @@ run of a comparison (held-out points from `heldout_curve.jsonl`, or training-poo
   mean curve    c̄[s][k] = mean over seeds of c_seed[s][k], at the steps every seed recorded
   cost ratio    ρ_m(level, cost) = cost_to_reach(c̄_m, level) / cost_to_reach(c̄_ref, level)
   level         the highest accuracy every method's mean curve reached (`curves.time_to_equal_accuracy`)
-  interval      2.5 / 97.5 nearest-rank percentiles of ρ_m over bootstrap resamples: each method's seeds
-                drawn with replacement, the level held fixed; a resample where m or the reference never
-                reaches it counts as ρ = inf (and `reached` gives the share that did).
+  interval      2.5 / 97.5 nearest-rank percentiles of ρ_m over bootstrap resamples of the seeds drawn with
+                replacement, the level held fixed; a resample where m or the reference never reaches it counts
+                as ρ = inf (and `reached` gives the share that did). When every method has n seeds, the i-th
+                runs of all methods share a seed (its SFT start and sampling keys), so one draw of seed indices
+                serves every method (a paired bootstrap); otherwise each method's seeds are drawn apart.
 """
 from __future__ import annotations
 
@@ -90,7 +92,8 @@ def cost_ratios(runs: Mapping[str, Sequence[Curve]], reference: str, key: str = 
   """Cost to reach equal accuracy over `reference`'s, on the seed-mean curves, with bootstrap intervals.
 
   Args:
-    runs: method -> its runs' curves (one per seed), recorded at the same steps.
+    runs: method -> its runs' curves (one per seed, in the same seed order for every method), recorded at the
+      same steps.
     reference: the method the others are divided by (LEAP's "1.93x" is grpo_mt's seconds over leap's).
     key: the accuracy key of the curves.
     resamples: bootstrap resamples of the seeds (with n seeds there are at most C(2n-1, n) distinct ones).
@@ -108,8 +111,13 @@ def cost_ratios(runs: Mapping[str, Sequence[Curve]], reference: str, key: str = 
   level = point["level"]
   rng = np.random.default_rng(seed)
   arrays = {m: _as_array(r, key) for m, r in runs.items()}
-  draws = {m: _costs_to_reach(a[rng.integers(0, len(a), (resamples, len(a)))].mean(1), level)
-           for m, a in arrays.items()}  # [resamples, C]
+  paired = len({len(a) for a in arrays.values()}) == 1
+  n = len(arrays[reference])
+  shared = rng.integers(0, n, (resamples, n))
+  draws = {}  # method -> float[resamples, C]
+  for m, a in arrays.items():
+    drawn = shared if paired else rng.integers(0, len(a), (resamples, len(a)))
+    draws[m] = _costs_to_reach(a[drawn].mean(1), level)
   base = draws[reference]
   interval, reached = {}, {}
   for m, d in draws.items():
